@@ -1,0 +1,106 @@
+"""Query-chunked causal softmax attention with a per-chunk additive bias (forward and backward).
+
+The engine shared by the chunked FPA and FoX paths, so the two differ only in their bias.
+Layout: queries are grouped by key/value head, q (B, Hkv, G, Tq, D) with G = Hq // Hkv, and
+the queries are the last Tq of Tk positions (P = Tk - Tq earlier keys). For the query chunk
+[r0, r1) the keys are [0, P + r1), the last (r1 - r0) of them on the diagonal.
+
+The forward keeps only the output and the log-sum-exp (O(B*H*T)); the backward recomputes
+each chunk's scores. Peak extra memory is O(B * H * chunk * T), never O(T^2).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+
+class ChunkBias(Protocol):
+    """Additive bias for one query chunk, with its gradient."""
+
+    def bias(self, r0: int, r1: int, keep: bool) -> Tensor:
+        """(B, Hkv, G, r1 - r0, P + r1). With keep=True, the next backward() call is for this chunk."""
+        ...
+
+    def backward(self, r0: int, r1: int, ds: Tensor) -> None:
+        """Take ds = dLoss/dbias (B, Hkv, G, r1 - r0, P + r1) of the chunk last built with keep=True."""
+        ...
+
+
+def _diagonal_mask(c: int, device: torch.device) -> Tensor:
+    return torch.ones(c, c, dtype=torch.bool, device=device).triu(1)
+
+
+def _chunk_scores(
+    q5: Tensor, k: Tensor, r0: int, r1: int, P: int, scale: float, bias: ChunkBias, keep: bool
+) -> Tensor:
+    B, Hkv, G, _, D = q5.shape
+    c, K = r1 - r0, P + r1
+    qc = q5[:, :, :, r0:r1].reshape(B, Hkv, G * c, D)
+    s = torch.matmul(qc, k[:, :, :K].transpose(-1, -2)).view(B, Hkv, G, c, K)
+    s.mul_(scale).add_(bias.bias(r0, r1, keep))
+    s[..., K - c :].masked_fill_(_diagonal_mask(c, s.device), float("-inf"))
+    return s
+
+
+def chunked_forward(
+    q5: Tensor, k: Tensor, v: Tensor, scale: float, bias: ChunkBias, chunk: int
+) -> tuple[Tensor, Tensor]:
+    """q5 (B, Hkv, G, Tq, D), k (B, Hkv, Tk, D), v (B, Hkv, Tk, Dv) -> out (B, Hkv, G, Tq, Dv), lse (B, Hkv, G, Tq)."""
+    B, Hkv, G, Tq, _ = q5.shape
+    Tk, Dv = k.shape[2], v.shape[3]
+    P = Tk - Tq
+    out = q5.new_empty(B, Hkv, G, Tq, Dv)
+    lse = q5.new_empty(B, Hkv, G, Tq)
+    for r0 in range(0, Tq, chunk):
+        r1 = min(r0 + chunk, Tq)
+        c, K = r1 - r0, P + r1
+        s = _chunk_scores(q5, k, r0, r1, P, scale, bias, keep=False)
+        m = s.amax(dim=-1, keepdim=True)
+        p = s.sub_(m).exp_()
+        denom = p.sum(dim=-1, keepdim=True)
+        o = torch.matmul(p.view(B, Hkv, G * c, K), v[:, :, :K]).view(B, Hkv, G, c, Dv)
+        out[:, :, :, r0:r1] = o / denom
+        lse[:, :, :, r0:r1] = (m + denom.log()).squeeze(-1)
+    return out, lse
+
+
+def chunked_backward(
+    q5: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    dout: Tensor,
+    scale: float,
+    bias: ChunkBias,
+    chunk: int,
+    bias_needs_grad: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Gradients (dq5, dk, dv) in the layouts of q5, k, v; the bias's own gradients go to bias.backward()."""
+    B, Hkv, G, Tq, D = q5.shape
+    Tk, Dv = k.shape[2], v.shape[3]
+    P = Tk - Tq
+    delta = (dout * out).sum(dim=-1)  # (B, Hkv, G, Tq)
+    dq = torch.empty_like(q5)
+    dk = torch.zeros_like(k)
+    dv = torch.zeros_like(v)
+    for r0 in range(0, Tq, chunk):
+        r1 = min(r0 + chunk, Tq)
+        c, K = r1 - r0, P + r1
+        s = _chunk_scores(q5, k, r0, r1, P, scale, bias, keep=bias_needs_grad)
+        p = s.sub_(lse[:, :, :, r0:r1, None]).exp_()  # (B, Hkv, G, c, K)
+        do_c = dout[:, :, :, r0:r1].reshape(B, Hkv, G * c, Dv)
+        p_flat = p.view(B, Hkv, G * c, K)
+        dv[:, :, :K] += torch.matmul(p_flat.transpose(-1, -2), do_c)
+        dp = torch.matmul(do_c, v[:, :, :K].transpose(-1, -2)).view(B, Hkv, G, c, K)
+        ds = dp.sub_(delta[:, :, :, r0:r1, None]).mul_(p)
+        ds_flat = ds.view(B, Hkv, G * c, K)
+        dq[:, :, :, r0:r1] = torch.matmul(ds_flat, k[:, :, :K]).view(B, Hkv, G, c, D) * scale
+        qc = q5[:, :, :, r0:r1].reshape(B, Hkv, G * c, D)
+        dk[:, :, :K] += torch.matmul(ds_flat.transpose(-1, -2), qc) * scale
+        if bias_needs_grad:
+            bias.backward(r0, r1, ds)
+    return dq, dk, dv
