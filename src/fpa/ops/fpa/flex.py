@@ -95,8 +95,9 @@ def fpa_flex(
     if dev.type == "cpu":
         with warnings.catch_warnings():  # the eager, unfused path is expected on CPU
             warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+            # detach: dispatch has checked that no gradient is needed (no backward on CPU)
             out = flex_attention(
-                q.to(dt), k.to(dt), v.to(dt), score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=Hq != Hkv
+                q.detach().to(dt), k.detach().to(dt), v.detach().to(dt), score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=Hq != Hkv
             )
         return out.to(q.dtype)
     out = _compiled_flex()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=Hq != Hkv)
