@@ -1,0 +1,27 @@
+"""Attention layers and the shared transformer block."""
+
+from fpa.layers.attention import (
+    ATTENTION_TYPES,
+    FPA_MODES,
+    AttentionBase,
+    FirstPassageAttention,
+    ForgettingAttention,
+    RMSNorm,
+    SoftmaxAttention,
+    SwiGLU,
+    TransformerBlock,
+    make_attention,
+)
+
+__all__ = [
+    "ATTENTION_TYPES",
+    "FPA_MODES",
+    "AttentionBase",
+    "FirstPassageAttention",
+    "ForgettingAttention",
+    "RMSNorm",
+    "SoftmaxAttention",
+    "SwiGLU",
+    "TransformerBlock",
+    "make_attention",
+]

@@ -1,0 +1,290 @@
+"""Attention module family: FPA, FoX and softmax baselines sharing one projection base class.
+
+Every attention module takes hidden states (B, T, hidden) and an optional per-layer cache
+state (a dict, filled in place) and returns (B, T, hidden). With a state, the T new tokens
+are appended after the cached ones (incremental decoding or chunked prefill).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from fpa.ops import first_passage_attention, forgetting_attention, past_min_from_field
+
+ATTENTION_TYPES = ("fpa", "fox", "softmax_rope", "softmax_alibi", "softmax_nope")
+FPA_MODES = ("free", "walk")
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (xf * self.weight.float()).to(x.dtype)
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, hidden_size: int, intermediate_size: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def _cat(state: dict, name: str, x: Tensor, dim: int) -> Tensor:
+    old = state.get(name)
+    out = x if old is None else torch.cat([old, x], dim=dim)
+    state[name] = out
+    return out
+
+
+class AttentionBase(nn.Module):
+    """q, k, v, o projections (+ optional per-head RMS qk-norm and a sigmoid output gate).
+
+    Subclasses implement ``_attend(q, k, v, x, state, offset)`` with q (B, Hq, T, D),
+    k, v (B, Hkv, T, D) for the new tokens only; ``offset`` is the number of cached tokens.
+    """
+
+    def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int | None = None,
+                 head_dim: int | None = None, qk_norm: bool = False, output_gate: bool = False,
+                 bias: bool = False):
+        super().__init__()
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        if hidden_size <= 0 or num_heads <= 0 or num_kv_heads <= 0:
+            raise ValueError("hidden_size, num_heads and num_kv_heads must be positive")
+        if num_heads % num_kv_heads:
+            raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
+        if head_dim is None:
+            if hidden_size % num_heads:
+                raise ValueError(f"hidden_size ({hidden_size}) must be divisible by num_heads ({num_heads})")
+            head_dim = hidden_size // num_heads
+        self.hidden_size, self.num_heads, self.num_kv_heads, self.head_dim = hidden_size, num_heads, num_kv_heads, head_dim
+        self.q_proj = nn.Linear(hidden_size, num_heads * head_dim, bias=bias)
+        self.k_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=bias)
+        self.v_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=bias)
+        self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=False)
+        self.q_norm = RMSNorm(head_dim) if qk_norm else None
+        self.k_norm = RMSNorm(head_dim) if qk_norm else None
+        self.gate_proj = nn.Linear(hidden_size, num_heads * head_dim, bias=False) if output_gate else None
+
+    def _heads(self, x: Tensor, n: int) -> Tensor:
+        B, T, _ = x.shape
+        return x.view(B, T, n, self.head_dim).transpose(1, 2)
+
+    def _per_head(self, lin: nn.Linear, x: Tensor) -> Tensor:
+        """Linear head with one scalar per head -> (B, H, T), float32."""
+        return lin(x).float().transpose(1, 2)
+
+    def forward(self, x: Tensor, state: dict | None = None) -> Tensor:
+        B, T, _ = x.shape
+        q = self._heads(self.q_proj(x), self.num_heads)
+        k = self._heads(self.k_proj(x), self.num_kv_heads)
+        v = self._heads(self.v_proj(x), self.num_kv_heads)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        offset = 0 if state is None else int(state.get("length", 0))
+        o = self._attend(q, k, v, x, state, offset)  # (B, Hq, T, D)
+        if state is not None:
+            state["length"] = offset + T
+        o = o.transpose(1, 2).reshape(B, T, self.num_heads * self.head_dim)
+        if self.gate_proj is not None:
+            o = o * torch.sigmoid(self.gate_proj(x))
+        return self.o_proj(o)
+
+    def _attend(self, q, k, v, x, state, offset):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+class FirstPassageAttention(AttentionBase):
+    """First Passage Attention layer.
+
+    mode="free": field and level are separate linear heads of the hidden state (one scalar per
+    head and position). mode="walk": field = walk(increments) with increments a linear head
+    (signed), and level = field (+ a learned per-head offset if ``level_offset=True``).
+    The penalty strength is beta_h = softplus(beta_param_h).
+
+    At initialisation the field/level (or increment) heads have weights ~ N(0, field_init_std^2)
+    and zero bias, so field and level are small (|.| ~ field_init_std * ||x||) and the penalties
+    dip(i, j) are small: the layer starts close to causal softmax attention without positional
+    encoding, with beta = softplus(beta_init) (0.69 for beta_init = 0) and the level offset 0.
+    """
+
+    def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int | None = None,
+                 mode: str = "free", qk_norm: bool = False, output_gate: bool = False,
+                 head_dim: int | None = None, level_offset: bool = False, beta_init: float = 0.0,
+                 field_init_std: float = 0.02, backend: str = "auto"):
+        super().__init__(hidden_size, num_heads, num_kv_heads, head_dim, qk_norm, output_gate)
+        if mode not in FPA_MODES:
+            raise ValueError(f"mode must be one of {FPA_MODES}, got {mode!r}")
+        self.mode, self.backend = mode, backend
+        if mode == "free":
+            self.field_proj = nn.Linear(hidden_size, num_heads)
+            self.level_proj = nn.Linear(hidden_size, num_heads)
+            heads = (self.field_proj, self.level_proj)
+        else:
+            self.increment_proj = nn.Linear(hidden_size, num_heads)
+            heads = (self.increment_proj,)
+        for lin in heads:
+            nn.init.normal_(lin.weight, std=field_init_std)
+            nn.init.zeros_(lin.bias)
+        self.level_offset = nn.Parameter(torch.zeros(num_heads)) if (mode == "walk" and level_offset) else None
+        self.beta_param = nn.Parameter(torch.full((num_heads,), float(beta_init)))
+
+    @property
+    def beta(self) -> Tensor:
+        return F.softplus(self.beta_param)
+
+    def field_level(self, x: Tensor, state: dict | None = None) -> tuple[Tensor, Tensor]:
+        """(field, level) (B, H, T) float32 for new tokens; in walk mode continues the cached walk."""
+        if self.mode == "free":
+            return self._per_head(self.field_proj, x), self._per_head(self.level_proj, x)
+        inc = self._per_head(self.increment_proj, x)
+        field = torch.cumsum(inc, dim=-1)
+        if state is not None and "last_field" in state:
+            field = field + state["last_field"][..., None]
+        if state is not None:
+            state["last_field"] = field[..., -1]
+        level = field if self.level_offset is None else field + self.level_offset.float()[None, :, None]
+        return field, level
+
+    def _attend(self, q, k, v, x, state, offset):
+        field, level = self.field_level(x, state)
+        if state is None:
+            return first_passage_attention(q, k, v, field, level, beta=self.beta, backend=self.backend)
+        return _fpa_cached(q, k, v, field, level, self.beta, state, self.backend)
+
+
+def _fpa_cached(q, k, v, field, level, beta, state, backend="auto"):
+    """Cache form: state holds k, v, level (B, H, P) and pm = min of the field after each key."""
+    pm_old = state.get("pm")
+    k_all = _cat(state, "k", k, 2)
+    v_all = _cat(state, "v", v, 2)
+    level_all = torch.cat([state["level"], level], -1) if "level" in state else level
+    past = pm_old if pm_old is not None else field.new_zeros(field.shape[:2] + (0,))
+    o = first_passage_attention(q, k_all, v_all, field, level_all, beta=beta, past_min=past,
+                                backend=backend)
+    state["level"] = level_all
+    new_pm = past_min_from_field(field)
+    if pm_old is not None:
+        new_pm = torch.cat([torch.minimum(pm_old, field.min(-1, keepdim=True).values), new_pm], -1)
+    state["pm"] = new_pm
+    return o
+
+
+class ForgettingAttention(AttentionBase):
+    """FoX: forget gate f_t = sigmoid(w_h . x_t + b_h) per head; full forward via forgetting_attention.
+
+    At initialisation w ~ N(0, 0.02^2) and b = fgate_bias_init (default 5, f ~ 0.993: little
+    forgetting). Decoding uses FPA's cache form with field = level = cumsum(log f), beta = 1 (P2).
+    """
+
+    def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int | None = None,
+                 qk_norm: bool = False, output_gate: bool = False, head_dim: int | None = None,
+                 fgate_bias_init: float = 5.0):
+        super().__init__(hidden_size, num_heads, num_kv_heads, head_dim, qk_norm, output_gate)
+        self.fgate_proj = nn.Linear(hidden_size, num_heads)
+        nn.init.normal_(self.fgate_proj.weight, std=0.02)
+        nn.init.constant_(self.fgate_proj.bias, fgate_bias_init)
+
+    def _attend(self, q, k, v, x, state, offset):
+        log_f = F.logsigmoid(self._per_head(self.fgate_proj, x))
+        if state is None:
+            return forgetting_attention(q, k, v, log_f)
+        field = torch.cumsum(log_f, -1)
+        if "last_field" in state:
+            field = field + state["last_field"][..., None]
+        state["last_field"] = field[..., -1]
+        return _fpa_cached(q, k, v, field, field, 1.0, state)
+
+
+def _rope(x: Tensor, pos: Tensor, theta: float) -> Tensor:
+    d = x.shape[-1]
+    inv = 1.0 / (theta ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d))
+    ang = pos.float()[:, None] * inv[None, :]  # (T, d/2)
+    cos, sin = ang.cos(), ang.sin()
+    x1, x2 = x.float()[..., : d // 2], x.float()[..., d // 2:]
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], -1).to(x.dtype)
+
+
+def alibi_slopes(n: int) -> Tensor:
+    def pow2(n):
+        start = 2 ** (-(2 ** -(math.log2(n) - 3)))
+        return [start * start**i for i in range(n)]
+    if math.log2(n).is_integer():
+        s = pow2(n)
+    else:
+        c = 2 ** math.floor(math.log2(n))
+        s = pow2(c) + pow2(2 * c)[0::2][: n - c]
+    return torch.tensor(s, dtype=torch.float32)
+
+
+class SoftmaxAttention(AttentionBase):
+    """Causal softmax attention (torch SDPA) with position "rope", "alibi" or "nope"."""
+
+    def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int | None = None,
+                 position: str = "rope", qk_norm: bool = False, output_gate: bool = False,
+                 head_dim: int | None = None, rope_theta: float = 10000.0):
+        super().__init__(hidden_size, num_heads, num_kv_heads, head_dim, qk_norm, output_gate)
+        if position not in ("rope", "alibi", "nope"):
+            raise ValueError(f"position must be rope, alibi or nope, got {position!r}")
+        self.position, self.rope_theta = position, rope_theta
+        self.register_buffer("slopes", alibi_slopes(num_heads), persistent=False)
+
+    def _attend(self, q, k, v, x, state, offset):
+        T = q.shape[2]
+        qpos = torch.arange(offset, offset + T, device=q.device)
+        if self.position == "rope":
+            q, k = _rope(q, qpos, self.rope_theta), _rope(k, qpos, self.rope_theta)
+        if state is not None:
+            k, v = _cat(state, "k", k, 2), _cat(state, "v", v, 2)
+        Tk = k.shape[2]
+        kpos = torch.arange(Tk, device=q.device)
+        rel = (qpos[:, None] - kpos[None, :])  # (T, Tk)
+        allowed = rel >= 0
+        mask = torch.zeros(T, Tk, device=q.device, dtype=q.dtype).masked_fill(~allowed, float("-inf"))
+        if self.position == "alibi":
+            mask = mask[None] - self.slopes.to(q.dtype)[:, None, None] * rel.clamp(min=0).to(q.dtype)[None]
+        rep = self.num_heads // self.num_kv_heads
+        if rep > 1:
+            k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def make_attention(attention: str, hidden_size: int, num_heads: int, num_kv_heads: int | None = None,
+                   fpa_mode: str = "free", qk_norm: bool = False, output_gate: bool = False, **kw) -> AttentionBase:
+    """One switch over the attention family: ``attention`` in ATTENTION_TYPES."""
+    common = dict(qk_norm=qk_norm, output_gate=output_gate)
+    if attention == "fpa":
+        return FirstPassageAttention(hidden_size, num_heads, num_kv_heads, mode=fpa_mode, **common, **kw)
+    if attention == "fox":
+        return ForgettingAttention(hidden_size, num_heads, num_kv_heads, **common, **kw)
+    if attention.startswith("softmax_") and attention in ATTENTION_TYPES:
+        return SoftmaxAttention(hidden_size, num_heads, num_kv_heads, position=attention[len("softmax_"):], **common, **kw)
+    raise ValueError(f"attention must be one of {ATTENTION_TYPES}, got {attention!r}")
+
+
+class TransformerBlock(nn.Module):
+    """Pre-norm block: x + attn(norm(x)), then x + SwiGLU(norm(x))."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, attention: str = "fpa",
+                 num_heads: int = 4, num_kv_heads: int | None = None, eps: float = 1e-6, **attn_kw):
+        super().__init__()
+        self.attn_norm = RMSNorm(hidden_size, eps)
+        self.attn = make_attention(attention, hidden_size, num_heads, num_kv_heads, **attn_kw)
+        self.mlp_norm = RMSNorm(hidden_size, eps)
+        self.mlp = SwiGLU(hidden_size, intermediate_size)
+
+    def forward(self, x: Tensor, state: dict | None = None) -> Tensor:
+        x = x + self.attn(self.attn_norm(x), state)
+        return x + self.mlp(self.mlp_norm(x))

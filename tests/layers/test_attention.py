@@ -1,0 +1,39 @@
+import pytest
+import torch
+
+from fpa.layers import ATTENTION_TYPES, FirstPassageAttention, TransformerBlock, make_attention
+
+KW = [("fpa", {"fpa_mode": "free"}), ("fpa", {"fpa_mode": "walk"}), ("fox", {}),
+      ("softmax_rope", {}), ("softmax_alibi", {}), ("softmax_nope", {})]
+
+
+@pytest.mark.parametrize("att,kw", KW)
+def test_causal_and_cache(att, kw):
+    torch.manual_seed(0)
+    m = make_attention(att, 32, 4, 2, qk_norm=True, output_gate=True, **kw).double()
+    x = torch.randn(2, 9, 32, dtype=torch.float64)
+    y = m(x)
+    x2 = x.clone()
+    x2[:, 6:] += 1.0
+    assert torch.allclose(m(x2)[:, :6], y[:, :6], atol=1e-10)
+    state = {}
+    parts = [m(x[:, :4], state), m(x[:, 4:5], state), m(x[:, 5:], state)]
+    assert torch.allclose(torch.cat(parts, 1), y, atol=1e-8)
+
+
+def test_block_and_errors():
+    b = TransformerBlock(16, 32, "fpa", 2)
+    assert b(torch.randn(1, 5, 16)).shape == (1, 5, 16)
+    with pytest.raises(ValueError, match="attention"):
+        make_attention("nope", 16, 2)
+    with pytest.raises(ValueError, match="mode"):
+        FirstPassageAttention(16, 2, mode="bad")
+    with pytest.raises(ValueError, match="divisible"):
+        FirstPassageAttention(15, 2)
+    assert len(ATTENTION_TYPES) == 5
+
+
+def test_beta_grad():
+    m = FirstPassageAttention(16, 2, mode="walk", level_offset=True)
+    m(torch.randn(1, 6, 16)).sum().backward()
+    assert m.beta_param.grad is not None and m.increment_proj.weight.grad is not None
