@@ -1,0 +1,22 @@
+"""Hugging Face-compatible FPA language models (registered with the Auto classes)."""
+
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+
+from fpa.models.configuration_fpa import PRESETS, FPAConfig
+from fpa.models.modeling_fpa import FPACache, FPAForCausalLM, FPAModel
+
+AutoConfig.register("fpa", FPAConfig, exist_ok=True)
+AutoModel.register(FPAConfig, FPAModel, exist_ok=True)
+AutoModelForCausalLM.register(FPAConfig, FPAForCausalLM, exist_ok=True)
+
+
+def count_parameters(config: FPAConfig) -> int:
+    """Parameter count without allocating (meta device); tied embeddings counted once."""
+    with torch.device("meta"):
+        m = FPAForCausalLM(config)
+    return sum(p.numel() for p in m.parameters())
+
+
+import torch  # noqa: E402
+
+__all__ = ["PRESETS", "FPACache", "FPAConfig", "FPAForCausalLM", "FPAModel", "count_parameters"]

@@ -1,0 +1,84 @@
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from fpa.models import FPACache, FPAConfig, FPAForCausalLM, count_parameters
+
+TYPES = [("fpa", "free"), ("fpa", "walk"), ("fox", "free"), ("softmax_rope", "free"),
+         ("softmax_alibi", "free"), ("softmax_nope", "free")]
+
+
+def tiny(att, mode, **kw):
+    torch.manual_seed(0)
+    c = FPAConfig(vocab_size=37, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, intermediate_size=48, attention=att, fpa_mode=mode, **kw)
+    return FPAForCausalLM(c).eval()
+
+
+@pytest.mark.parametrize("att,mode", TYPES)
+def test_causal_cache_generate(att, mode):
+    m = tiny(att, mode, qk_norm=True)
+    x = torch.randint(0, 37, (2, 10))
+    with torch.no_grad():
+        full = m(x).logits
+        x2 = x.clone()
+        x2[:, 7] = (x2[:, 7] + 1) % 37
+        assert torch.allclose(m(x2).logits[:, :7], full[:, :7], atol=1e-5)
+        assert not torch.allclose(m(x2).logits[:, 7:], full[:, 7:], atol=1e-5)
+        cache = FPACache(2)
+        parts = []
+        for a, b in ((0, 4), (4, 5), (5, 6), (6, 10)):  # chunked prefill + single steps
+            parts.append(m(x[:, a:b], past_key_values=cache, use_cache=True).logits)
+        assert cache.get_seq_length() == 10
+        assert torch.allclose(torch.cat(parts, 1), full, atol=1e-4)
+        g = m.generate(x[:, :5], max_new_tokens=4, do_sample=False)
+        assert g.shape == (2, 9)
+        ref = x[:, :5]
+        for _ in range(4):  # greedy via full forwards
+            ref = torch.cat([ref, m(ref).logits[:, -1].argmax(-1, keepdim=True)], 1)
+        assert torch.equal(g, ref)
+
+
+@pytest.mark.parametrize("att,mode", [("fpa", "walk"), ("softmax_rope", "free")])
+def test_save_load(tmp_path, att, mode):
+    m = tiny(att, mode, output_gate=True, fpa_level_offset=True)
+    x = torch.randint(0, 37, (1, 6))
+    m.save_pretrained(tmp_path)
+    assert AutoConfig.from_pretrained(tmp_path).attention == att
+    m2 = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert isinstance(m2, FPAForCausalLM)
+    with torch.no_grad():
+        assert torch.equal(m(x).logits, m2(x).logits)
+    assert m2.lm_head.weight.data_ptr() == m2.model.embed_tokens.weight.data_ptr()
+
+
+def test_loss():
+    m = tiny("fpa", "free")
+    x = torch.randint(0, 37, (2, 6))
+    out = m(x, labels=x, return_per_token_loss=True)
+    tok = out["per_token_loss"]
+    assert tok.shape == (2, 5)
+    assert torch.allclose(out.loss, tok.mean())
+    out.loss.backward()
+
+
+@pytest.mark.parametrize("kw,field", [
+    (dict(hidden_size=30, num_attention_heads=4), "hidden_size"),
+    (dict(attention="linear"), "attention"),
+    (dict(fpa_mode="bogus"), "fpa_mode"),
+    (dict(vocab_size=-1), "vocab_size"),
+    (dict(num_hidden_layers=0), "num_hidden_layers"),
+    (dict(num_attention_heads=4, num_key_value_heads=3), "num_key_value_heads"),
+])
+def test_bad_config(kw, field):
+    with pytest.raises(ValueError, match=field):
+        FPAConfig(**kw)
+
+
+def test_presets():
+    n = count_parameters(FPAConfig.from_preset("110m"))
+    assert 100e6 <= n <= 130e6
+    assert count_parameters(FPAConfig.from_preset("tiny")) < 5e6
+    assert FPAConfig.from_preset("small", attention="fox").attention == "fox"
+    with pytest.raises(ValueError, match="preset"):
+        FPAConfig.from_preset("huge")
