@@ -1,35 +1,44 @@
-"""Command line: ``fpa model-info --preset 110m --attention fpa``."""
+"""The one command-line entry point: ``fpa <command> ...``.
+
+Each command lives in the module that owns its job and exposes ``add_parser(subparsers)``,
+which registers a subparser whose ``func(args) -> int`` runs it. Modules are imported only
+when listed here, so ``fpa --help`` stays fast enough; a command's heavy imports belong inside
+its ``func``.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 
+# (command module, in the order shown by --help). Each has add_parser(subparsers).
+COMMAND_MODULES = (
+    "fpa.models.cli",  # model-info
+    "fpa.tasks.cli",  # synth
+    "fpa.train.cli",  # train, prepare-data
+    "fpa.eval.cli",  # eval, reproduce
+)
 
-def _model_info(args) -> int:
-    from fpa.models import FPAConfig, count_parameters
 
-    cfg = FPAConfig.from_preset(args.preset, attention=args.attention, fpa_mode=args.fpa_mode)
-    n = count_parameters(cfg)
-    print(f"preset={args.preset} attention={cfg.attention} fpa_mode={cfg.fpa_mode}")
-    print(f"layers={cfg.num_hidden_layers} hidden={cfg.hidden_size} heads={cfg.num_attention_heads} "
-          f"kv_heads={cfg.num_key_value_heads} intermediate={cfg.intermediate_size} vocab={cfg.vocab_size} "
-          f"tied={cfg.tie_word_embeddings}")
-    print(f"parameters={n} ({n / 1e6:.2f}M)")
-    return 0
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="fpa", description="First Passage Attention: models, experiments, evaluations.")
+    sub = p.add_subparsers(dest="command", required=True)
+    for name in COMMAND_MODULES:
+        try:
+            mod = importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name != name:  # a real missing dependency inside the module
+                raise
+            continue  # command not built yet
+        mod.add_parser(sub)
+    return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="fpa")
-    sub = p.add_subparsers(dest="command", required=True)
-    mi = sub.add_parser("model-info", help="parameter count and layout of a preset")
-    mi.add_argument("--preset", default="110m")
-    mi.add_argument("--attention", default="fpa")
-    mi.add_argument("--fpa-mode", default="free")
-    mi.set_defaults(func=_model_info)
-    args = p.parse_args(argv)
+    args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
+        return int(args.func(args) or 0)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -1,0 +1,26 @@
+"""``fpa model-info``: parameter count and layout of a preset."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def _model_info(args: argparse.Namespace) -> int:
+    from fpa.models import FPAConfig, count_parameters
+
+    cfg = FPAConfig.from_preset(args.preset, attention=args.attention, fpa_mode=args.fpa_mode)
+    n = count_parameters(cfg)
+    print(f"preset={args.preset} attention={cfg.attention} fpa_mode={cfg.fpa_mode}")
+    print(f"layers={cfg.num_hidden_layers} hidden={cfg.hidden_size} heads={cfg.num_attention_heads} "
+          f"kv_heads={cfg.num_key_value_heads} intermediate={cfg.intermediate_size} vocab={cfg.vocab_size} "
+          f"tied={cfg.tie_word_embeddings}")
+    print(f"parameters={n} ({n / 1e6:.2f}M)")
+    return 0
+
+
+def add_parser(sub) -> None:
+    mi = sub.add_parser("model-info", help="parameter count and layout of a preset")
+    mi.add_argument("--preset", default="110m")
+    mi.add_argument("--attention", default="fpa")
+    mi.add_argument("--fpa-mode", default="free")
+    mi.set_defaults(func=_model_info)

@@ -1,0 +1,21 @@
+"""Synthetic tasks: nested-structure tasks (stack retrieval, scope lookup, ...) and the passkey task.
+
+``TASK_MIXERS`` names the task-sample generators the trainer can mix into language-model
+training (``fpa train --mix-task NAME --mix-rate R``). Each entry is "module:function" (imported
+lazily); the function is ``f(rng: numpy.random.Generator, seq_len: int, tokenizer) -> numpy
+int64 array of seq_len + 1 token ids`` (inputs are [:-1], next-token targets [1:]).
+"""
+
+TASK_MIXERS = {
+    "passkey": "fpa.tasks.passkey:passkey_training_sample",
+}
+
+
+def get_mixer(name: str):
+    """The task-sample generator registered as ``name`` in TASK_MIXERS."""
+    import importlib
+
+    if name not in TASK_MIXERS:
+        raise ValueError(f"mix task must be one of {tuple(TASK_MIXERS)}, got {name!r}")
+    module, func = TASK_MIXERS[name].split(":")
+    return getattr(importlib.import_module(module), func)
