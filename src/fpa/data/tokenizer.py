@@ -1,0 +1,130 @@
+"""Tokenizers: byte-level (the default, no training, no download) and BPE trained locally.
+
+Every tokenizer has ``encode(str) -> list[int]``, ``decode(list[int]) -> str``, ``vocab_size``,
+``eos_id`` (the document separator written between documents in the shards) and ``save(dir)``.
+``load_tokenizer(dir)`` reads back whatever ``save`` wrote (``fpa_tokenizer.json``, plus
+``tokenizer.json`` for BPE), so a prepared data folder and a trained model folder both load.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+
+from fpa.data.atomic import atomic_write_text
+
+TOKENIZER_META = "fpa_tokenizer.json"
+BPE_FILE = "tokenizer.json"
+EOS_TOKEN = "<|endoftext|>"
+TOKENIZER_KINDS = ("byte", "bpe")
+
+
+class ByteTokenizer:
+    """UTF-8 bytes as ids 0..255, and ``eos_id`` = 256 (vocab_size 257).
+
+    ``decode(encode(x)) == x`` for every Python str, lone surrogates included (they are encoded
+    with ``surrogatepass``). Decoding ids that are not valid UTF-8 (e.g. sampled from a model)
+    replaces the bad bytes with U+FFFD; the eos id decodes to nothing.
+    """
+
+    kind = "byte"
+    vocab_size = 257
+    eos_id = 256
+    bos_id = None
+
+    def encode(self, text: str) -> list[int]:
+        if not isinstance(text, str):
+            raise ValueError(f"text must be a str, got {type(text).__name__}")
+        return list(text.encode("utf-8", "surrogatepass"))
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [self.encode(t) for t in texts]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        data = bytes(int(i) for i in ids if 0 <= int(i) < 256)
+        try:
+            return data.decode("utf-8", "surrogatepass")
+        except UnicodeDecodeError:
+            return data.decode("utf-8", "replace")
+
+    def save(self, directory: str | Path) -> None:
+        atomic_write_text(Path(directory) / TOKENIZER_META, json.dumps({"kind": self.kind}) + "\n")
+
+
+class BPETokenizer:
+    """Byte-level BPE from the ``tokenizers`` library; ``eos_id`` is the id of ``<|endoftext|>``.
+
+    Round-trips any str that is valid Unicode (no lone surrogates: the Rust library rejects them).
+    """
+
+    kind = "bpe"
+    bos_id = None
+
+    def __init__(self, tok) -> None:
+        self._tok = tok
+        self.vocab_size = int(tok.get_vocab_size())
+        eos = tok.token_to_id(EOS_TOKEN)
+        if eos is None:
+            raise ValueError(f"BPE tokenizer has no {EOS_TOKEN!r} token")
+        self.eos_id = int(eos)
+
+    @classmethod
+    def train(cls, texts: Iterable[str], vocab_size: int) -> "BPETokenizer":
+        """Train on an iterator of documents. vocab_size must exceed the 256 byte symbols + eos."""
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+        if not isinstance(vocab_size, int) or vocab_size <= 257:
+            raise ValueError(f"vocab_size must be an int > 257 for BPE, got {vocab_size!r}")
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS_TOKEN],
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+        tok.train_from_iterator(texts, trainer=trainer)
+        return cls(tok)
+
+    def encode(self, text: str) -> list[int]:
+        if not isinstance(text, str):
+            raise ValueError(f"text must be a str, got {type(text).__name__}")
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """Like [encode(t) for t in texts], run in parallel by the Rust library."""
+        for t in texts:
+            if not isinstance(t, str):
+                raise ValueError(f"texts must be strs, got {type(t).__name__}")
+        return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=False)]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self._tok.decode([int(i) for i in ids if int(i) != self.eos_id], skip_special_tokens=False)
+
+    def save(self, directory: str | Path) -> None:
+        directory = Path(directory)
+        atomic_write_text(directory / BPE_FILE, self._tok.to_str())
+        atomic_write_text(directory / TOKENIZER_META, json.dumps({"kind": self.kind, "file": BPE_FILE}) + "\n")
+
+
+def load_tokenizer(data_dir: str | Path) -> ByteTokenizer | BPETokenizer:
+    """The tokenizer saved in ``data_dir`` (a prepared data folder or a trained model folder)."""
+    directory = Path(data_dir)
+    meta_path = directory / TOKENIZER_META
+    if not meta_path.is_file():
+        raise ValueError(f"data_dir must contain {TOKENIZER_META} (a folder written by prepare_corpus "
+                         f"or train); not found in {directory}")
+    try:
+        meta = json.loads(meta_path.read_text())
+        kind = meta["kind"]
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise ValueError(f"{meta_path} is corrupt: {e}") from None
+    if kind == "byte":
+        return ByteTokenizer()
+    if kind == "bpe":
+        from tokenizers import Tokenizer
+
+        path = directory / meta.get("file", BPE_FILE)
+        try:
+            return BPETokenizer(Tokenizer.from_file(str(path)))
+        except Exception as e:  # the Rust library raises its own Exception type
+            raise ValueError(f"BPE tokenizer file {path} is missing or corrupt: {e}") from None
+    raise ValueError(f"{meta_path}: tokenizer kind must be one of {TOKENIZER_KINDS}, got {kind!r}")

@@ -1,0 +1,120 @@
+"""TrainConfig: every setting of a training run, validated, loadable from JSON or YAML."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+DEVICES = ("auto", "cpu", "cuda")
+PARALLEL = ("auto", "none", "ddp", "fsdp")
+PRECISIONS = ("auto", "fp32", "bf16")
+
+
+@dataclass
+class TrainConfig:
+    """A training run. ``batch_size`` is the GLOBAL number of sequences per optimizer step: it is
+    split over ``world_size * grad_accum`` micro-batches, so the same config trains the same model
+    on one CPU or on many GPUs. Data come from ``data_dir`` (a ``prepare_corpus`` folder) or, when it
+    is None, are prepared on the fly from ``data_source`` into ``out_dir/data``."""
+
+    out_dir: str
+    data_dir: str | None = None
+    data_source: str | list | None = "stdlib"
+    tokenizer: str = "byte"
+    vocab_size: int | None = None
+    max_bytes: int | None = None
+    preset: str = "tiny"
+    attention: str = "fpa"
+    fpa_mode: str = "free"
+    model_overrides: dict = field(default_factory=dict)
+    seq_len: int = 256
+    batch_size: int = 16
+    grad_accum: int = 1
+    steps: int = 1000
+    lr: float = 1e-3
+    warmup_steps: int = 100
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    seed: int = 0
+    ckpt_every: int = 200
+    keep_checkpoints: int = 2
+    log_every: int = 10
+    eval_every: int = 200
+    eval_batches: int = 4
+    device: str = "auto"
+    precision: str = "auto"
+    parallel: str = "auto"
+    mix_task: str | None = None
+    mix_rate: float = 0.0
+    progress: bool = True
+    verify_data: bool = True  # sha256 of every shard at start (one read of the data); False for huge corpora
+    tensorboard: bool = False
+
+    def __post_init__(self) -> None:
+        self.out_dir = str(self.out_dir)
+        if self.data_dir is not None:
+            self.data_dir = str(self.data_dir)
+        for name in ("seq_len", "batch_size", "grad_accum", "steps", "ckpt_every", "keep_checkpoints",
+                     "log_every", "eval_every", "eval_batches"):
+            val = getattr(self, name)
+            if not isinstance(val, int) or isinstance(val, bool) or val <= 0:
+                raise ValueError(f"{name} must be a positive int, got {val!r}")
+        for name in ("warmup_steps", "seed"):
+            val = getattr(self, name)
+            if not isinstance(val, int) or val < 0:
+                raise ValueError(f"{name} must be a non-negative int, got {val!r}")
+        for name in ("lr", "weight_decay", "grad_clip"):
+            val = getattr(self, name)
+            if not isinstance(val, (int, float)) or val < 0 or (name == "lr" and val == 0):
+                raise ValueError(f"{name} must be a {'positive' if name == 'lr' else 'non-negative'} number, got {val!r}")
+        for name in ("min_lr_ratio", "mix_rate", "beta1", "beta2"):
+            val = getattr(self, name)
+            if not isinstance(val, (int, float)) or not 0 <= val <= 1:
+                raise ValueError(f"{name} must be a number in [0, 1], got {val!r}")
+        for name, allowed in (("device", DEVICES), ("parallel", PARALLEL), ("precision", PRECISIONS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if self.batch_size % self.grad_accum:
+            raise ValueError(f"batch_size ({self.batch_size}) must be a multiple of grad_accum ({self.grad_accum})")
+        if self.mix_rate > 0 and not self.mix_task:
+            raise ValueError(f"mix_rate is {self.mix_rate} but mix_task is not set; name a task from fpa.tasks.TASK_MIXERS")
+        if self.data_dir is None and self.data_source is None:
+            raise ValueError("set data_dir (a prepared folder) or data_source (to prepare on the fly)")
+        if not isinstance(self.model_overrides, dict):
+            raise ValueError(f"model_overrides must be a dict, got {type(self.model_overrides).__name__}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TrainConfig":
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ValueError(f"unknown training config keys {unknown}; valid keys: {sorted(names)}")
+        return cls(**d)
+
+    @classmethod
+    def from_file(cls, path: str | Path, **overrides) -> "TrainConfig":
+        """Load a .json or .yaml/.yml file; ``overrides`` (non-None values) win over the file."""
+        path = Path(path)
+        if not path.is_file():
+            raise ValueError(f"config file {path} does not exist")
+        text = path.read_text()
+        if path.suffix in (".yaml", ".yml"):
+            try:
+                import yaml
+            except ImportError:
+                raise ValueError("YAML config files need PyYAML (pip install pyyaml); or use JSON") from None
+            d = yaml.safe_load(text)
+        elif path.suffix == ".json":
+            d = json.loads(text)
+        else:
+            raise ValueError(f"config file must end in .json, .yaml or .yml, got {path.name}")
+        if not isinstance(d, dict):
+            raise ValueError(f"config file {path} must hold a mapping of settings")
+        return cls.from_dict({**d, **{k: v for k, v in overrides.items() if v is not None}})
