@@ -1,7 +1,8 @@
 """Public entry points: validate once, then run the chosen backend.
 
 Backends for FPA: "reference" (dense, the oracle), "chunked" (CPU and GPU fallback),
-"flex" (FlexAttention score_mod), "triton" (tiled kernel, CUDA), and "auto".
+"flex" (FlexAttention score_mod), "triton" (tiled kernel, CUDA; CPU only under
+TRITON_INTERPRET=1, for tests), and "auto".
 """
 
 from __future__ import annotations
@@ -63,6 +64,13 @@ def _check_chunk(chunk_size: int | None, default: int) -> int:
     return chunk_size
 
 
+def _check_skip_tolerance(tol: float | None) -> None:
+    if tol is None:
+        return
+    if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not 0 < tol < 1:
+        raise ValueError(f"skip_tolerance must be None or a float in (0, 1), got {tol!r}")
+
+
 def _empty_output(q: Tensor, v: Tensor) -> Tensor:
     B, Hq, Tq, _ = q.shape
     out = q.new_zeros(B, Hq, Tq, v.shape[-1])
@@ -83,6 +91,7 @@ def first_passage_attention(
     backend: str = "auto",
     past_min: Tensor | None = None,
     chunk_size: int | None = None,
+    skip_tolerance: float | None = None,
 ) -> Tensor:
     """First Passage Attention, causal: o_i = sum_j softmax_j(scale <q_i, k_j> - beta * dip(i, j)) v_j.
 
@@ -104,6 +113,11 @@ def first_passage_attention(
             the field's minimum after that key up to just before the first query (+inf where
             that range is empty). The keys need not be contiguous positions (an evicting cache).
         chunk_size: query chunk of the chunked backend (memory O(B*H*chunk*Tk)); default 256.
+        skip_tolerance: None (default, exact) or eps in (0, 1): the triton backend then skips key
+            tiles whose penalties are certainly so large that, per query row, the skipped keys
+            together carry less than eps of the softmax weight (each output entry off by at most
+            2 * eps * max|v|; see fpa.ops.fpa.triton). The other backends are exact, which is
+            within any tolerance, and ignore it.
 
     Returns:
         (B, Hq, Tq, Dv) in q's dtype. Field minima and softmax are computed in float32
@@ -124,6 +138,7 @@ def first_passage_attention(
             raise ValueError(f"{name} must be finite (no inf)")
     betas = checks.beta_per_head(beta, Hq, q.device)
     scale = checks.check_scale(scale, D)
+    _check_skip_tolerance(skip_tolerance)
     if backend not in FPA_BACKENDS:
         raise ValueError(f"backend must be one of {FPA_BACKENDS}, got {backend!r}")
     if Tq == 0:
@@ -149,7 +164,7 @@ def first_passage_attention(
         from fpa.ops.fpa.flex import fpa_flex
 
         return fpa_flex(q, k, v, field, level, past_min, betas, scale)
-    return _triton_module().fpa_triton(q, k, v, field, level, past_min, betas, scale)
+    return _triton_module().fpa_triton(q, k, v, field, level, past_min, betas, scale, skip_tolerance)
 
 
 def forgetting_attention(

@@ -1,0 +1,201 @@
+"""Tiled, FlashAttention-style First Passage Attention in Triton (FPA.md section 5), forward and backward.
+
+Per (query tile I, key tile J) the range minimum costs O(1) per score: the key tile's in-tile
+suffix minimum (with past_min folded in), one running scalar for the tiles strictly between
+(the kernels walk key tiles backwards from the diagonal, or query tiles forwards from it), and
+the query tile's prefix minimum; the diagonal tile scans inside the tile. Online softmax, GQA,
+Tq <= Tk (the cache form), float16/bfloat16 inputs with field math and softmax in float32
+(float32 inputs: exact IEEE dots, no tf32; float64 inputs: float64 throughout).
+
+Backward: each active penalty (dip > 0; relu at 0 gives no gradient, like torch.relu) sends
+beta * dLoss/dlogit to its level and to the argmin of whichever term was the minimum: a field
+position or a past_min entry. Ties (the field gradient is then a subgradient): between the terms
+the later one wins (the query prefix over the tiles between over the key-tile suffix; within the
+suffix, the field over past_min); inside a term, the diagonal scan and the query prefix pick the
+latest tied position, the key-tile suffix and a tile's minimum the earliest. The chunked backend
+splits ties differently; the gradient totals over tied positions agree (the tests check them).
+
+Tile skipping (skip_tolerance=eps, off by default): a tile pair is not computed when every
+penalty in it is at least beta * (min level in J - min(field strictly between J and I, field
+at I's first query)) and that bound exceeds thr = 2 c + log(Tk / eps), with c the largest
+possible content logit |scale| * max_{i in I} |q_i| * max_j |k_j|. The error allowed: per query
+row, the skipped keys carry together less than eps of the exact softmax weight, so each
+output entry is off by at most 2 * eps * max|v| (and the normalizer by a factor within
+(1 - eps, 1]). The backward skips the same tile pairs, so its gradients are exactly those of
+attention with the skipped (query, key) pairs removed. The bound uses norms, not the actual
+logits: with QK-norm (small c) it is tight, with large unnormalized q and k it rarely skips.
+Key tiles before the query block see the field between only through the query positions
+(past_min is per key), so their bound is weaker there.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import Tensor
+
+from fpa.ops.checks import math_dtype
+from fpa.ops.fpa import triton_prep as prep
+
+CUDA_BLOCK = 64  # 16-bit inputs; float32/float64 use CUDA_BLOCK_WIDE (register pressure, compile time)
+CUDA_BLOCK_WIDE = 32
+INTERPRETER_BLOCK = 16
+
+
+def interpreter_active() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def unavailable_reason(q: Tensor, needs_grad: bool) -> str | None:
+    """Why the triton backend cannot run q, or None. CPU tensors only under TRITON_INTERPRET=1."""
+    try:
+        import triton  # noqa: F401
+    except ImportError as e:  # pragma: no cover - depends on the install
+        return f"triton is not installed ({e})"
+    if q.device.type == "cuda" or (q.device.type == "cpu" and interpreter_active()):
+        return None
+    return f"the triton kernel needs a CUDA tensor (q is on {q.device}); set TRITON_INTERPRET=1 to run it on CPU"
+
+
+def _pow2(n: int) -> int:
+    return max(16, 1 << max(n - 1, 0).bit_length())
+
+
+class _Launch:
+    """Everything both passes need: flattened contiguous inputs, the tiling, prepared field rows."""
+
+    def __init__(self, q, k, v, field, level, past_min, beta, scale, block, skip_tolerance, with_src):
+        B, Hq, Tq, D = q.shape
+        Hkv, Tk, Dv = k.shape[1], k.shape[2], v.shape[3]
+        self.shape = (B, Hq, Hkv, Tq, Tk, D, Dv)
+        self.acc = math_dtype(q, field, level)
+        self.t = prep.make_tiling(Tq, Tk, block)
+        self.q = q.reshape(B * Hq, Tq, D).contiguous()
+        self.k = k.reshape(B * Hkv, Tk, D).contiguous()
+        self.v = v.reshape(B * Hkv, Tk, Dv).contiguous()
+        rows = [x.reshape(B * Hq, n).to(self.acc).contiguous() for x, n in ((field, Tq), (level, Tk), (past_min, Tk - Tq))]
+        self.field, self.level = rows[0], rows[1]
+        self.tiles = prep.field_tiles(rows[0], rows[2], rows[1], self.t, with_src)
+        self.beta = beta.to(self.acc).contiguous()
+        self.scale = scale
+        if skip_tolerance is None:
+            self.thr = torch.full((B * Hq, self.t.nQ), float("inf"), dtype=self.acc, device=q.device)
+        else:
+            self.thr = prep.skip_thresholds(q, k, scale, skip_tolerance, self.t, self.acc)
+
+    def grid_args(self):
+        """(prepared tensors..., scalars...) shared by all three kernels, after the tensor-specific ones."""
+        tl_ = self.tiles
+        return (self.q, self.k, self.v, self.field, self.level, tl_.sfx, tl_.tmin, tl_.pref, tl_.minlvl, tl_.fq0, self.thr, self.beta)
+
+    def scalars(self):
+        B, Hq, Hkv, Tq, Tk, D, Dv = self.shape
+        t = self.t
+        return (self.scale, Tq, Tk, t.pad, t.nP, t.nQ, t.nK, Hq, Hq // Hkv, D, Dv)
+
+    def consts(self):
+        import triton.language as tl
+
+        D, Dv = self.shape[5], self.shape[6]
+        acc = tl.float64 if self.acc == torch.float64 else tl.float32
+        prec = "ieee" if self.q.dtype == torch.float32 else None
+        upcast = interpreter_active() and self.q.dtype == torch.bfloat16
+        return dict(BLOCK=self.t.block, BD=_pow2(D), BDV=_pow2(Dv), ACC=acc, PREC=prec, UPCAST=upcast)
+
+
+def _forward(L: _Launch) -> tuple[Tensor, Tensor, Tensor]:
+    """-> out (BH, Tq, Dv) in q's dtype, lse (BH, Lq) in the math dtype, skipped-tile counts (BH, nQ)."""
+    from fpa.ops.fpa.triton_kernels import _fwd_kernel
+
+    B, Hq, Hkv, Tq, Tk, D, Dv = L.shape
+    BH, t = B * Hq, L.t
+    out = L.q.new_empty(BH, Tq, Dv)
+    lse = torch.empty(BH, t.Lq, dtype=L.acc, device=L.q.device)
+    nskip = torch.zeros(BH, t.nQ, dtype=torch.int32, device=L.q.device)
+    _fwd_kernel[(t.nQ, BH)](*L.grid_args(), out, lse, nskip, *L.scalars(), **L.consts())
+    return out, lse, nskip
+
+
+def _backward(L: _Launch, out: Tensor, lse: Tensor, dout: Tensor):
+    """-> dq, dk, dv (flattened layouts, input dtypes), dfield (BH, Tq), dpast (BH, P), dlevel (BH, Tk), dbeta (Hq,)."""
+    from fpa.ops.fpa.triton_kernels import _bwd_dkdv_kernel, _bwd_dq_kernel
+
+    B, Hq, Hkv, Tq, Tk, D, Dv = L.shape
+    BH, t, dev = B * Hq, L.t, L.q.device
+    dout = dout.reshape(BH, Tq, Dv).contiguous()
+    delta = torch.zeros(BH, t.Lq, dtype=L.acc, device=dev)
+    delta[:, :Tq] = (dout.to(L.acc) * out.to(L.acc)).sum(-1)
+    common = (dout, lse, delta)
+    new = lambda *shape: torch.zeros(*shape, dtype=L.acc, device=dev)  # noqa: E731
+    dq = torch.empty_like(L.q)
+    dpref, ddiag, dtile, dbeta = new(BH, t.Lq), new(BH, t.Lq), new(BH, t.nK), new(BH, t.nQ)
+    _bwd_dq_kernel[(t.nQ, BH)](*L.grid_args(), *common, dq, dpref, ddiag, dtile, dbeta, *L.scalars(), **L.consts())
+    dk, dv = torch.empty_like(L.k), torch.empty_like(L.v)
+    dlevel, dsfx = new(BH, t.Lk), new(BH, t.Lk)
+    _bwd_dkdv_kernel[(t.nK, B * Hkv)](*L.grid_args(), *common, dk, dv, dlevel, dsfx, *L.scalars(), **L.consts())
+    dfield, dpast = prep.route_field_grads(L.tiles, t, dsfx, dtile, dpref, ddiag)
+    dbeta = dbeta.view(B, Hq, t.nQ).sum(dim=(0, 2))
+    return dq, dk, dv, dfield, dpast, dlevel[:, t.pad : t.pad + Tk], dbeta
+
+
+class FPATritonFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, field, level, past_min, beta, scale: float, block: int, skip_tolerance):
+        L = _Launch(q, k, v, field, level, past_min, beta, scale, block, skip_tolerance, with_src=False)
+        out, lse, _ = _forward(L)
+        ctx.save_for_backward(q, k, v, field, level, past_min, beta, out, lse)
+        ctx.args = (scale, block, skip_tolerance)
+        B, Hq, Tq = q.shape[:3]
+        return out.view(B, Hq, Tq, -1)
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, field, level, past_min, beta, out, lse = ctx.saved_tensors
+        L = _Launch(q, k, v, field, level, past_min, beta, *ctx.args, with_src=True)
+        dq, dk, dv, dfield, dpast, dlevel, dbeta = _backward(L, out, lse, dout)
+        cast = lambda g, x: g.reshape(x.shape).to(x.dtype)  # noqa: E731
+        grads = (cast(dq, q), cast(dk, k), cast(dv, v), cast(dfield, field), cast(dlevel, level),
+                 cast(dpast, past_min), cast(dbeta, beta))
+        return grads + (None, None, None)
+
+
+def default_block(q: Tensor) -> int:
+    if q.device.type != "cuda":
+        return INTERPRETER_BLOCK
+    return CUDA_BLOCK if q.dtype in (torch.float16, torch.bfloat16) else CUDA_BLOCK_WIDE
+
+
+def fpa_triton(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    field: Tensor,
+    level: Tensor,
+    past_min: Tensor,
+    beta: Tensor,
+    scale: float,
+    skip_tolerance: float | None = None,
+    block: int | None = None,
+) -> Tensor:
+    """Cache form: q (B, Hq, Tq, D); k, v (B, Hkv, Tk, D/Dv); field (B, Hq, Tq) at the query
+    positions; level (B, Hq, Tk); past_min (B, Hq, Tk - Tq); beta (Hq,) -> (B, Hq, Tq, Dv) in q's dtype.
+
+    skip_tolerance: None (exact) or eps in (0, 1): see the module docstring for the error allowed.
+    block: tile size (a power of two >= 16); default on CUDA 64 for 16-bit inputs and 32 for
+        float32/float64, 16 under the interpreter.
+    """
+    block = default_block(q) if block is None else block
+    if block < 16 or block & (block - 1):
+        raise ValueError(f"block must be a power of two >= 16, got {block}")
+    return FPATritonFunction.apply(q, k, v, field, level, past_min, beta, scale, block, skip_tolerance)
+
+
+def skipped_tiles(q: Tensor, k: Tensor, v: Tensor, field: Tensor, level: Tensor, past_min: Tensor, beta: Tensor,
+                  scale: float, skip_tolerance: float | None, block: int | None = None) -> tuple[Tensor, Tensor]:
+    """Forward only, for tests and benchmarks: -> (out (B, Hq, Tq, Dv), skipped key tiles per query tile (B, Hq, nQ))."""
+    block = default_block(q) if block is None else block
+    L = _Launch(q, k, v, field, level, past_min, beta, scale, block, skip_tolerance, with_src=False)
+    out, _, nskip = _forward(L)
+    B, Hq, Tq = q.shape[:3]
+    return out.view(B, Hq, Tq, -1), nskip.view(B, Hq, -1)
