@@ -25,7 +25,7 @@ def test_causal_cache_generate(att, mode):
         x2[:, 7] = (x2[:, 7] + 1) % 37
         assert torch.allclose(m(x2).logits[:, :7], full[:, :7], atol=1e-5)
         assert not torch.allclose(m(x2).logits[:, 7:], full[:, 7:], atol=1e-5)
-        cache = FPACache(2)
+        cache = FPACache()
         parts = []
         for a, b in ((0, 4), (4, 5), (5, 6), (6, 10)):  # chunked prefill + single steps
             parts.append(m(x[:, a:b], past_key_values=cache, use_cache=True).logits)
@@ -37,6 +37,15 @@ def test_causal_cache_generate(att, mode):
         for _ in range(4):  # greedy via full forwards
             ref = torch.cat([ref, m(ref).logits[:, -1].argmax(-1, keepdim=True)], 1)
         assert torch.equal(g, ref)
+
+
+def test_cache_reexport_and_type_check():
+    import fpa.cache
+
+    assert FPACache is fpa.cache.FPACache
+    m = tiny("fpa", "free")
+    with pytest.raises(ValueError, match="FPACache"):
+        m(torch.randint(0, 37, (1, 3)), past_key_values=[], use_cache=True)
 
 
 @pytest.mark.parametrize("att,mode", [("fpa", "walk"), ("softmax_rope", "free")])

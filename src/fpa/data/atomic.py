@@ -31,3 +31,7 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
 
 def atomic_write_text(path: str | Path, text: str) -> None:
     atomic_write(path, lambda f: f.write(text.encode("utf-8")))
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    atomic_write(path, lambda f: f.write(data))

@@ -13,7 +13,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fpa.ops import first_passage_attention, forgetting_attention, past_min_from_field
+from fpa.cache.layer import LayerCache, LayerInfo
+from fpa.cache.weights import attention_weights, fpa_bias
+from fpa.ops import first_passage_attention, forgetting_attention
 
 ATTENTION_TYPES = ("fpa", "fox", "softmax_rope", "softmax_alibi", "softmax_nope")
 FPA_MODES = ("free", "walk")
@@ -42,18 +44,22 @@ class SwiGLU(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
-def _cat(state: dict, name: str, x: Tensor, dim: int) -> Tensor:
-    old = state.get(name)
-    out = x if old is None else torch.cat([old, x], dim=dim)
-    state[name] = out
-    return out
+def layer_state(state: LayerCache | dict | None) -> LayerCache | None:
+    """The LayerCache to use: ``state`` itself, or one kept in a plain dict under "layer"."""
+    if state is None or isinstance(state, LayerCache):
+        return state
+    if isinstance(state, dict):
+        return state.setdefault("layer", LayerCache())
+    raise ValueError(f"state must be a fpa.cache.LayerCache, a dict or None, got {type(state).__name__}")
 
 
 class AttentionBase(nn.Module):
     """q, k, v, o projections (+ optional per-head RMS qk-norm and a sigmoid output gate).
 
     Subclasses implement ``_attend(q, k, v, x, state, offset)`` with q (B, Hq, T, D),
-    k, v (B, Hkv, T, D) for the new tokens only; ``offset`` is the number of cached tokens.
+    k, v (B, Hkv, T, D) for the new tokens only; ``offset`` is the number of tokens seen before.
+    ``state`` is a fpa.cache.LayerCache (or None): the subclass reads the cached keys from it and
+    appends the new ones (LayerCache.append), which advances its length.
     """
 
     def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int | None = None,
@@ -86,17 +92,37 @@ class AttentionBase(nn.Module):
         """Linear head with one scalar per head -> (B, H, T), float32."""
         return lin(x).float().transpose(1, 2)
 
-    def forward(self, x: Tensor, state: dict | None = None) -> Tensor:
+    @property
+    def scale(self) -> float:
+        return self.head_dim ** -0.5
+
+    def content_bound(self) -> float | None:
+        """c with |scale <q, k>| <= c for every query/key, or None without qk-norm.
+
+        RMS norm gives a vector of RMS <= 1 times the weight w, so ||q|| <= sqrt(D) max|w_q|,
+        ||k|| <= sqrt(D) max|w_k| and |scale <q, k>| <= scale * D * max|w_q| * max|w_k|.
+        """
+        if self.q_norm is None:
+            return None
+        wq, wk = self.q_norm.weight.detach().abs().max(), self.k_norm.weight.detach().abs().max()
+        return float(self.scale * self.head_dim * wq * wk)
+
+    def cache_info(self) -> LayerInfo:
+        return LayerInfo(kind="softmax", groups=self.num_heads // self.num_kv_heads,
+                         content_bound=self.content_bound())
+
+    def forward(self, x: Tensor, state: LayerCache | dict | None = None) -> Tensor:
         B, T, _ = x.shape
         q = self._heads(self.q_proj(x), self.num_heads)
         k = self._heads(self.k_proj(x), self.num_kv_heads)
         v = self._heads(self.v_proj(x), self.num_kv_heads)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        offset = 0 if state is None else int(state.get("length", 0))
+        state = layer_state(state)
+        if state is not None and state.info is None:
+            state.configure(self.cache_info())
+        offset = 0 if state is None else state.length
         o = self._attend(q, k, v, x, state, offset)  # (B, Hq, T, D)
-        if state is not None:
-            state["length"] = offset + T
         o = o.transpose(1, 2).reshape(B, T, self.num_heads * self.head_dim)
         if self.gate_proj is not None:
             o = o * torch.sigmoid(self.gate_proj(x))
@@ -145,16 +171,15 @@ class FirstPassageAttention(AttentionBase):
     def beta(self) -> Tensor:
         return F.softplus(self.beta_param)
 
-    def field_level(self, x: Tensor, state: dict | None = None) -> tuple[Tensor, Tensor]:
+    def cache_info(self) -> LayerInfo:
+        return LayerInfo(kind="fpa", groups=self.num_heads // self.num_kv_heads, beta=self.beta.detach(),
+                         content_bound=self.content_bound(), mode=self.mode)
+
+    def field_level(self, x: Tensor, state: LayerCache | None = None) -> tuple[Tensor, Tensor]:
         """(field, level) (B, H, T) float32 for new tokens; in walk mode continues the cached walk."""
         if self.mode == "free":
             return self._per_head(self.field_proj, x), self._per_head(self.level_proj, x)
-        inc = self._per_head(self.increment_proj, x)
-        field = torch.cumsum(inc, dim=-1)
-        if state is not None and "last_field" in state:
-            field = field + state["last_field"][..., None]
-        if state is not None:
-            state["last_field"] = field[..., -1]
+        field = _continue_walk(self._per_head(self.increment_proj, x), state)
         level = field if self.level_offset is None else field + self.level_offset.float()[None, :, None]
         return field, level
 
@@ -165,20 +190,27 @@ class FirstPassageAttention(AttentionBase):
         return _fpa_cached(q, k, v, field, level, self.beta, state, self.backend)
 
 
-def _fpa_cached(q, k, v, field, level, beta, state, backend="auto"):
-    """Cache form: state holds k, v, level (B, H, P) and pm = min of the field after each key."""
-    pm_old = state.get("pm")
-    k_all = _cat(state, "k", k, 2)
-    v_all = _cat(state, "v", v, 2)
-    level_all = torch.cat([state["level"], level], -1) if "level" in state else level
-    past = pm_old if pm_old is not None else field.new_zeros(field.shape[:2] + (0,))
-    o = first_passage_attention(q, k_all, v_all, field, level_all, beta=beta, past_min=past,
-                                backend=backend)
-    state["level"] = level_all
-    new_pm = past_min_from_field(field)
-    if pm_old is not None:
-        new_pm = torch.cat([torch.minimum(pm_old, field.min(-1, keepdim=True).values), new_pm], -1)
-    state["pm"] = new_pm
+def _continue_walk(increments: Tensor, state: LayerCache | None) -> Tensor:
+    """field = cumsum(increments) (B, H, T), continued from the cached walk's last value."""
+    field = torch.cumsum(increments, dim=-1)
+    if state is not None:
+        if state.last_field is not None:
+            field = field + state.last_field[..., None]
+        state.last_field = field[..., -1]
+    return field
+
+
+def _fpa_cached(q, k, v, field, level, beta, state: LayerCache, backend="auto"):
+    """Cache form of FPA: store the T new keys, then attend over every stored key (level and
+    pm_j = min of the field after key j up to before the new tokens, FPA.md section 5).
+    q (B, Hq, T, D), k, v (B, Hkv, T, D), field/level (B, Hq, T) -> (B, Hq, T, D)."""
+    past = state.past("pm", field).clone()  # the append updates pm in place
+    state.append(k, v, field=field, level=level)
+    k_all, v_all, level_all = state.store["k"], state.store["v"], state.store["level"]
+    o = first_passage_attention(q, k_all, v_all, field, level_all, beta=beta, past_min=past, backend=backend)
+    if state.need_weights:
+        b = beta.detach() if torch.is_tensor(beta) else beta
+        state.record_weights(attention_weights(q, k_all, fpa_bias(field, level_all, past, b), q.shape[-1] ** -0.5))
     return o
 
 
@@ -197,14 +229,15 @@ class ForgettingAttention(AttentionBase):
         nn.init.normal_(self.fgate_proj.weight, std=0.02)
         nn.init.constant_(self.fgate_proj.bias, fgate_bias_init)
 
+    def cache_info(self) -> LayerInfo:
+        return LayerInfo(kind="fox", groups=self.num_heads // self.num_kv_heads,
+                         beta=torch.ones(self.num_heads), content_bound=self.content_bound())
+
     def _attend(self, q, k, v, x, state, offset):
         log_f = F.logsigmoid(self._per_head(self.fgate_proj, x))
         if state is None:
             return forgetting_attention(q, k, v, log_f)
-        field = torch.cumsum(log_f, -1)
-        if "last_field" in state:
-            field = field + state["last_field"][..., None]
-        state["last_field"] = field[..., -1]
+        field = _continue_walk(log_f, state)
         return _fpa_cached(q, k, v, field, field, 1.0, state)
 
 
@@ -246,19 +279,30 @@ class SoftmaxAttention(AttentionBase):
         qpos = torch.arange(offset, offset + T, device=q.device)
         if self.position == "rope":
             q, k = _rope(q, qpos, self.rope_theta), _rope(k, qpos, self.rope_theta)
-        if state is not None:
-            k, v = _cat(state, "k", k, 2), _cat(state, "v", v, 2)
-        Tk = k.shape[2]
-        kpos = torch.arange(Tk, device=q.device)
-        rel = (qpos[:, None] - kpos[None, :])  # (T, Tk)
-        allowed = rel >= 0
-        mask = torch.zeros(T, Tk, device=q.device, dtype=q.dtype).masked_fill(~allowed, float("-inf"))
-        if self.position == "alibi":
-            mask = mask[None] - self.slopes.to(q.dtype)[:, None, None] * rel.clamp(min=0).to(q.dtype)[None]
         rep = self.num_heads // self.num_kv_heads
-        if rep > 1:
-            k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        if state is None:
+            kpos, valid = qpos[None, None], None
+        else:
+            state.append(k, v)
+            k, v, kpos, valid = (state.store[n] for n in ("k", "v", "pos", "valid"))
+            kpos, valid = kpos.repeat_interleave(rep, 1), valid.repeat_interleave(rep, 1)
+        mask = self._bias(qpos, kpos, valid, q.dtype)  # (B or 1, Hq or 1, T, Tk)
+        o = F.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1), attn_mask=mask)
+        if state is not None and state.need_weights:
+            state.record_weights(attention_weights(q, k, mask.float(), self.scale))
+        return o
+
+    def _bias(self, qpos: Tensor, kpos: Tensor, valid: Tensor | None, dtype) -> Tensor:
+        """Additive mask: -inf for future or evicted (invalid) keys, minus the ALiBi slope times the
+        distance. qpos (T,), kpos (B, H, Tk) positions, valid (B, H, Tk) or None -> (B, H, T, Tk)."""
+        rel = qpos[:, None] - kpos[..., None, :].long()  # (B, H, T, Tk)
+        allowed = rel >= 0
+        if valid is not None:
+            allowed = allowed & valid[..., None, :]
+        mask = torch.zeros(rel.shape, device=rel.device, dtype=dtype).masked_fill(~allowed, float("-inf"))
+        if self.position == "alibi":
+            mask = mask - self.slopes.to(dtype)[:, None, None] * rel.clamp(min=0).to(dtype)
+        return mask
 
 
 def make_attention(attention: str, hidden_size: int, num_heads: int, num_kv_heads: int | None = None,
@@ -285,6 +329,6 @@ class TransformerBlock(nn.Module):
         self.mlp_norm = RMSNorm(hidden_size, eps)
         self.mlp = SwiGLU(hidden_size, intermediate_size)
 
-    def forward(self, x: Tensor, state: dict | None = None) -> Tensor:
+    def forward(self, x: Tensor, state: LayerCache | dict | None = None) -> Tensor:
         x = x + self.attn(self.attn_norm(x), state)
         return x + self.mlp(self.mlp_norm(x))

@@ -3,7 +3,8 @@
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
 from fpa.models.configuration_fpa import PRESETS, FPAConfig
-from fpa.models.modeling_fpa import FPACache, FPAForCausalLM, FPAModel
+from fpa.cache import FPACache  # re-exported: the cache lives in fpa.cache
+from fpa.models.modeling_fpa import FPAForCausalLM, FPAModel
 
 AutoConfig.register("fpa", FPAConfig, exist_ok=True)
 AutoModel.register(FPAConfig, FPAModel, exist_ok=True)

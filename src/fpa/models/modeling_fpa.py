@@ -1,36 +1,15 @@
-"""FPAModel / FPAForCausalLM with an incremental-decoding cache (FPACache)."""
+"""FPAModel / FPAForCausalLM; decoding state lives in fpa.cache.FPACache (re-exported here)."""
 
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
+from fpa.cache import FPACache
 from fpa.layers.attention import RMSNorm, TransformerBlock
 from fpa.models.configuration_fpa import FPAConfig
-
-
-class FPACache:
-    """Per-layer decoding state: dicts with keys k, v (B, Hkv, T, D); for FPA/FoX also level
-    (B, H, T), pm (the running min of the field after each key, updated m_j <- min(m_j, phi_t))
-    and, for walk/FoX, last_field (B, H). ``length`` counts cached tokens."""
-
-    def __init__(self, num_layers: int):
-        self.layers = [dict() for _ in range(num_layers)]
-
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        return int(self.layers[layer_idx].get("length", 0))
-
-    def __len__(self):
-        return len(self.layers)
-
-    def reorder_cache(self, beam_idx):
-        for st in self.layers:
-            for key, val in st.items():
-                if torch.is_tensor(val):
-                    st[key] = val.index_select(0, beam_idx.to(val.device))
 
 
 class FPAPreTrainedModel(PreTrainedModel):
@@ -64,14 +43,18 @@ class FPAModel(FPAPreTrainedModel):
     def set_input_embeddings(self, value):
         self.embed_tokens = value
 
-    def forward(self, input_ids=None, past_key_values=None, use_cache=None, inputs_embeds=None, **kwargs):
+    def forward(self, input_ids=None, past_key_values=None, use_cache=None, inputs_embeds=None, cache=None, **kwargs):
         x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
-        cache = past_key_values if isinstance(past_key_values, FPACache) else None
+        cache = cache if cache is not None else past_key_values
+        if cache is not None and not isinstance(cache, FPACache):
+            raise ValueError(f"past_key_values / cache must be an fpa.cache.FPACache, got {type(cache).__name__}")
         if cache is None and use_cache:
-            cache = FPACache(len(self.layers))
+            cache = FPACache()
         for i, layer in enumerate(self.layers):
-            x = layer(x, None if cache is None else cache.layers[i])
-        return BaseModelOutputWithPast(last_hidden_state=self.norm(x), past_key_values=cache)
+            x = layer(x, None if cache is None else cache.layer(i))
+        if cache is not None:
+            cache.step_done()  # the eviction policy runs after every forward call
+        return BaseModelOutputWithPast(last_hidden_state=self.norm(x), cache=cache)
 
 
 class FPAForCausalLM(FPAPreTrainedModel, GenerationMixin):
@@ -93,10 +76,11 @@ class FPAForCausalLM(FPAPreTrainedModel, GenerationMixin):
     def _supports_default_dynamic_cache(cls) -> bool:
         return False
 
-    def prepare_inputs_for_generation(self, input_ids, past_key_values=None, **kwargs):
-        if isinstance(past_key_values, FPACache) and past_key_values.get_seq_length() > 0:
-            input_ids = input_ids[:, past_key_values.get_seq_length():]
-        return {"input_ids": input_ids, "past_key_values": past_key_values, "use_cache": True}
+    def prepare_inputs_for_generation(self, input_ids, past_key_values=None, cache=None, **kwargs):
+        cache = cache if cache is not None else past_key_values
+        if isinstance(cache, FPACache) and cache.get_seq_length() > 0:
+            input_ids = input_ids[:, cache.get_seq_length():]
+        return {"input_ids": input_ids, "cache": cache, "use_cache": True}
 
     @staticmethod
     def per_token_loss(logits, labels, ignore_index: int = -100):
@@ -106,12 +90,14 @@ class FPAForCausalLM(FPAPreTrainedModel, GenerationMixin):
                                reduction="none").view(lb.shape)
 
     def forward(self, input_ids=None, past_key_values=None, labels=None, use_cache=None,
-                inputs_embeds=None, return_per_token_loss=False, **kwargs):
-        out = self.model(input_ids=input_ids, past_key_values=past_key_values, use_cache=use_cache,
+                inputs_embeds=None, return_per_token_loss=False, cache=None, **kwargs):
+        """``cache`` (transformers 5.x's name) and ``past_key_values`` are the same argument: an FPACache."""
+        cache = cache if cache is not None else past_key_values
+        out = self.model(input_ids=input_ids, past_key_values=cache, use_cache=use_cache,
                          inputs_embeds=inputs_embeds)
         logits = self.lm_head(out.last_hidden_state)
         loss = None
-        result = CausalLMOutputWithPast(logits=logits, past_key_values=out.past_key_values)
+        result = CausalLMOutputWithPast(logits=logits, cache=out.cache)
         if labels is not None:
             tok = self.per_token_loss(logits, labels)
             n = (labels[:, 1:] != -100).sum().clamp(min=1)

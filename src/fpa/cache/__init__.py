@@ -1,0 +1,44 @@
+"""KV-cache decoding with eviction: the model's own rule (P1) against budget heuristics.
+
+The path a long-context evaluation takes::
+
+    from fpa.cache import FPACache, FPAEviction, prefill, generate
+
+    policy = FPAEviction(threshold=8.0)             # or SlidingWindow(budget=256), TOVA(256), ...
+    cache = FPACache(policy)
+    out = generate(model, prompt_ids, cache, max_new_tokens=8, chunk_size=512)
+    # = prefill(model, prompt_ids[:, :-1], cache, 512), then
+    #   model.generate(prompt_ids, past_key_values=cache, max_new_tokens=8, do_sample=False)
+    policy.kept_fraction                            # keys held / keys seen (also cache.kept_fraction())
+    cache.bytes_held()                              # bytes actually allocated
+    cache.bytes_live()                              # bytes of the kept keys alone
+
+``model.generate(ids, past_key_values=cache)`` (transformers 5.x also accepts ``cache=cache``)
+continues from whatever the cache holds: it feeds the tokens of ``ids`` the cache has not seen,
+so prefill all but the last prompt token before calling it (as ``generate`` above does).
+
+The policy runs after every forward call (each prefill chunk, each decode step), so a prompt
+prefilled in chunks never holds more than budget + chunk keys per head (keys held; the allocated
+slots may exceed that by the compaction slack, see fpa.cache.storage). Each (row, KV head) keeps
+its own number of keys: storage is padded per head to the largest count in the layer, evicted
+slots become padding at once and are freed by a compaction once the padding common to all heads
+reaches 1/8 of the slots (at least 16). Padding never changes outputs (tested against the
+full cache and against dense attention over exactly the kept keys).
+
+Walk mode: with threshold 0 the rule is exactly P3's stack pop (tested against a list
+simulation); with threshold > 0 the same rule is applied as is, which can drop a key below the
+top of the stack.
+
+Policies (fpa.cache.policies): FPAEviction(threshold, certified=False) for attention="fpa",
+FoXEviction(threshold) for attention="fox" (ValueError on any other model); SlidingWindow(budget),
+StreamingLLM(budget, sinks=4), TOVA(budget), H2O(budget, recent=budget // 2) for every attention
+type. budget = keys kept per KV head.
+"""
+
+from fpa.cache.cache import FPACache
+from fpa.cache.layer import LayerCache, LayerInfo
+from fpa.cache.policies import H2O, TOVA, FoXEviction, FPAEviction, Policy, SlidingWindow, StreamingLLM
+from fpa.cache.prefill import generate, prefill
+
+__all__ = ["FPACache", "FPAEviction", "FoXEviction", "H2O", "LayerCache", "LayerInfo", "Policy",
+           "SlidingWindow", "StreamingLLM", "TOVA", "generate", "prefill"]

@@ -1,0 +1,224 @@
+"""Eviction policies: the model's own rule (FPAEviction, FoXEviction) and budget baselines.
+
+A policy is applied by FPACache after every forward call (a prefill chunk or a decode step),
+layer by layer: ``keep_mask(layer)`` returns (B, Hkv, C) bool, True for the slots to keep.
+
+Grouped-query attention: a KV head's key is shared by ``groups`` query heads. The threshold
+rules evict it only when EVERY query head of its group agrees (each one's penalty exceeds the
+threshold); budget policies score keys per KV head (TOVA/H2O average / sum the weights of the
+group's query heads). With num_kv_heads == num_heads this is simply per head.
+
+``kept_fraction`` (read-only): after the latest application, the keys held divided by the keys
+seen, where both are summed over layers, batch rows and KV heads. Every (layer, row, KV head)
+has seen the same number of tokens, so this is also the plain mean over layers, rows and KV heads
+of held / seen. NaN before the first application. A policy object reports the last cache it
+was applied to; use one policy per cache.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from fpa.cache.layer import LayerCache
+
+
+class Policy:
+    """Base: ``name``, ``needs_weights`` (TOVA/H2O) and the achieved ``kept_fraction``."""
+
+    name = "policy"
+    needs_weights = False
+
+    def __init__(self):
+        self._held = 0
+        self._seen = 0
+
+    @property
+    def kept_fraction(self) -> float:
+        return self._held / self._seen if self._seen else float("nan")
+
+    def record(self, held: int, seen: int) -> None:
+        self._held, self._seen = held, seen
+
+    def check_layer(self, layer: LayerCache) -> None:
+        """Raise ValueError if this policy cannot run on the layer's attention type."""
+
+    def keep_mask(self, layer: LayerCache) -> Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name})"
+
+
+def _check_threshold(threshold) -> float:
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or math.isnan(threshold) or threshold < 0:
+        raise ValueError(f"threshold must be a number >= 0 (math.inf keeps everything), got {threshold!r}")
+    return float(threshold)
+
+
+def penalties(layer: LayerCache) -> Tensor:
+    """(B, Hq, C) beta_h * max(0, level_j - m_j): the penalty every later query gives key j at least."""
+    st, info = layer.store, layer.info
+    return info.beta.float().to(st["pm"].device)[None, :, None] * torch.relu(st["level"] - st["pm"])
+
+
+def group_all(x: Tensor, groups: int) -> Tensor:
+    """(B, Hq, C) bool -> (B, Hkv, C): True where every query head of the KV head's group is True."""
+    B, Hq, C = x.shape
+    return x.view(B, Hq // groups, groups, C).all(2)
+
+
+class _ThresholdEviction(Policy):
+    kind = ""
+
+    def __init__(self, threshold: float):
+        super().__init__()
+        self.threshold = _check_threshold(threshold)
+
+    def check_layer(self, layer: LayerCache) -> None:
+        if layer.info.kind != self.kind:
+            raise ValueError(f"{type(self).__name__} needs a model with attention={self.kind!r}, "
+                             f"got a {layer.info.kind!r} layer")
+
+    def effective_threshold(self, layer: LayerCache) -> float:
+        return self.threshold
+
+    def keep_mask(self, layer: LayerCache) -> Tensor:
+        evict = penalties(layer) > self.effective_threshold(layer)
+        return ~group_all(evict, layer.info.groups)
+
+
+class FPAEviction(_ThresholdEviction):
+    """Evict key j for good once beta * max(0, level_j - m_j) > threshold (P1: it only grows).
+
+    certified=True needs qk-norm and uses threshold + 2c, where c bounds every content logit:
+    with per-head RMS norm, ||q|| <= sqrt(D) max|w_q| and ||k|| <= sqrt(D) max|w_k| (w the norm
+    weights; the normalised vector has RMS <= 1), so |scale <q, k>| <= c = scale * D * max|w_q| *
+    max|w_k|. An evicted key then has logit < c - (tau + 2c) = -c - tau, while the query's own key
+    (penalty 0) has logit >= -c: its weight is < e^-tau times the best live key's, now and later.
+    In walk mode with threshold 0 the evicted keys are exactly the stack pops of P3 (every key whose
+    level lies above the new field value); for threshold > 0 the same rule is applied as is.
+    """
+
+    kind = "fpa"
+
+    def __init__(self, threshold: float, certified: bool = False):
+        super().__init__(threshold)
+        if not isinstance(certified, bool):
+            raise ValueError(f"certified must be a bool, got {certified!r}")
+        self.certified = certified
+        self.name = f"fpa(tau={self.threshold:g}{', certified' if certified else ''})"
+
+    def check_layer(self, layer: LayerCache) -> None:
+        super().check_layer(layer)
+        if self.certified and layer.info.content_bound is None:
+            raise ValueError("FPAEviction(certified=True) needs a model with qk_norm=True "
+                             "(the bound on content logits comes from the qk-norm weights)")
+
+    def effective_threshold(self, layer: LayerCache) -> float:
+        return self.threshold + (2 * layer.info.content_bound if self.certified else 0.0)
+
+
+class FoXEviction(_ThresholdEviction):
+    """FoX's decay as the penalty: evict key j once -sum_{j<u<=now} log f_u > threshold (P2)."""
+
+    kind = "fox"
+
+    def __init__(self, threshold: float):
+        super().__init__(threshold)
+        self.name = f"fox(tau={self.threshold:g})"
+
+
+def _check_budget(budget) -> int:
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+        raise ValueError(f"budget must be a positive int (keys kept per head), got {budget!r}")
+    return budget
+
+
+def _check_part(name: str, value, budget: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= budget:
+        raise ValueError(f"{name} must be an int in [0, budget={budget}], got {value!r}")
+    return value
+
+
+def pinned(score: Tensor, always: Tensor) -> Tensor:
+    """The score as float, +inf where ``always`` (slots a policy keeps regardless of score)."""
+    score = score.float()
+    return torch.where(always, torch.full_like(score, float("inf")), score)
+
+
+def top_k_keep(score: Tensor, valid: Tensor, budget: int) -> Tensor:
+    """(B, Hkv, C) bool: the ``budget`` valid slots of highest score per head (all if fewer)."""
+    k = min(budget, score.shape[-1])
+    s = score.float().masked_fill(~valid, float("-inf"))
+    keep = torch.zeros_like(valid)
+    keep.scatter_(-1, s.topk(k, dim=-1).indices, True)
+    return keep & valid
+
+
+class _BudgetPolicy(Policy):
+    def __init__(self, budget: int):
+        super().__init__()
+        self.budget = _check_budget(budget)
+
+    def score(self, layer: LayerCache) -> Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def keep_mask(self, layer: LayerCache) -> Tensor:
+        return top_k_keep(self.score(layer), layer.store["valid"], self.budget)
+
+
+class SlidingWindow(_BudgetPolicy):
+    """Keep the last ``budget`` tokens."""
+
+    def __init__(self, budget: int):
+        super().__init__(budget)
+        self.name = f"window(N={self.budget})"
+
+    def score(self, layer):
+        return layer.store["pos"]
+
+
+class StreamingLLM(_BudgetPolicy):
+    """Keep the first ``sinks`` tokens (attention sinks) and the last ``budget - sinks``."""
+
+    def __init__(self, budget: int, sinks: int = 4):
+        super().__init__(budget)
+        self.sinks = _check_part("sinks", sinks, self.budget)
+        self.name = f"streamingllm(N={self.budget}, sinks={sinks})"
+
+    def score(self, layer):
+        pos = layer.store["pos"]
+        return pinned(pos, pos < self.sinks)
+
+
+class TOVA(_BudgetPolicy):
+    """Keep the ``budget`` keys with the highest attention weight from the current (last) query,
+    the weights averaged over the query heads of each KV head."""
+
+    needs_weights = True
+
+    def __init__(self, budget: int):
+        super().__init__(budget)
+        self.name = f"tova(N={self.budget})"
+
+    def score(self, layer):
+        return layer.store["last"]
+
+
+class H2O(_BudgetPolicy):
+    """Heavy hitters + recent: always keep the last ``recent`` tokens, fill the rest of the budget
+    with the keys of highest attention weight accumulated over every query since they arrived
+    (summed over the query heads of each KV head). Default recent = budget // 2."""
+
+    needs_weights = True
+
+    def __init__(self, budget: int, recent: int | None = None):
+        super().__init__(budget)
+        self.recent = _check_part("recent", self.budget // 2 if recent is None else recent, self.budget)
+        self.name = f"h2o(N={self.budget}, recent={self.recent})"
+
+    def score(self, layer):
+        return pinned(layer.store["score"], layer.store["pos"] >= layer.length - self.recent)

@@ -1,0 +1,44 @@
+"""Chunked prefill, and chunked prefill followed by greedy generation."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from fpa.cache.cache import FPACache
+
+
+def _check_chunk(chunk_size) -> int:
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+    return chunk_size
+
+
+@torch.no_grad()
+def prefill(model, input_ids: Tensor, cache: FPACache, chunk_size: int = 512) -> Tensor:
+    """Run input_ids (B, T) through the model in chunks of chunk_size tokens, filling ``cache``
+    (the policy is applied after each chunk, so at most budget + chunk_size keys are ever held).
+    Returns the logits of the last position, (B, vocab)."""
+    if not isinstance(cache, FPACache):
+        raise ValueError(f"cache must be an FPACache, got {type(cache).__name__}")
+    if input_ids.dim() != 2 or input_ids.shape[1] == 0:
+        raise ValueError(f"input_ids must have shape (B, T) with T >= 1, got {tuple(input_ids.shape)}")
+    chunk_size = _check_chunk(chunk_size)
+    logits = None
+    for a in range(0, input_ids.shape[1], chunk_size):
+        logits = model(input_ids[:, a:a + chunk_size], past_key_values=cache, use_cache=True).logits[:, -1]
+    return logits
+
+
+@torch.no_grad()
+def generate(model, input_ids: Tensor, cache: FPACache, max_new_tokens: int, chunk_size: int = 512) -> Tensor:
+    """Chunked prefill of input_ids[:, :-1], then ``model.generate`` (greedy) from the full prompt.
+
+    Returns the generated sequences (B, T + max_new_tokens), as ``model.generate`` does.
+    """
+    if input_ids.dim() != 2 or input_ids.shape[1] < 2:
+        raise ValueError(f"input_ids must have shape (B, T) with T >= 2, got {tuple(input_ids.shape)}")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
+    prefill(model, input_ids[:, :-1], cache, chunk_size)
+    return model.generate(input_ids, past_key_values=cache, max_new_tokens=max_new_tokens, do_sample=False)
