@@ -23,6 +23,7 @@ import argparse
 import io
 import json
 import math
+import statistics
 import time
 from pathlib import Path
 
@@ -78,12 +79,13 @@ def run_config(model, policy, lengths, args, bar) -> list[dict]:
         if L > seen:
             prefill(model, torch.randint(0, vocab, (1, L - seen), generator=g), cache, args.chunk)
         steps = torch.randint(0, vocab, (args.window, 1, 1), generator=g)
-        t0 = time.perf_counter()
-        for tok in steps:
+        step_s = []
+        for tok in steps:  # per-step times: the median resists the noise of a shared machine
+            t0 = time.perf_counter()
             model(tok, past_key_values=cache, use_cache=True)
-        dt = time.perf_counter() - t0
+            step_s.append(time.perf_counter() - t0)
         seen = cache.get_seq_length()
-        rows.append(dict(config=policy.name if policy else "full", length=L, tokens_per_s=args.window / dt,
+        rows.append(dict(config=policy.name if policy else "full", length=L, tokens_per_s=1.0 / statistics.median(step_s),
                          bytes_held=cache.bytes_held(), bytes_live=cache.bytes_live(),
                          kept_fraction=cache.kept_fraction()))
         bar.update(1)
@@ -97,7 +99,7 @@ def markdown(rows: list[dict], header: str, args) -> str:
     out = ["# KV cache: decode speed and memory vs length (CPU)", "",
            f"Model: {header}.", "",
            f"Per length L: chunked prefill (chunk {args.chunk}) up to L, then {args.window} timed decode steps "
-           f"(tokens/s over the window; bytes held and kept fraction after it). Batch 1, float32, "
+           f"(tokens/s = 1 / median step time over the window; bytes held and kept fraction after it). Batch 1, float32, "
            f"torch.get_num_threads() = {torch.get_num_threads()}. kept = keys held / keys seen over layers "
            "and KV heads. MiB = bytes the cache has allocated (keys, values, positions, levels, minima, per-head "
            "padding, reserve); live = bytes of the kept keys alone (a flat variable-length layout).", ""]

@@ -37,3 +37,22 @@ def test_beta_grad():
     m = FirstPassageAttention(16, 2, mode="walk", level_offset=True)
     m(torch.randn(1, 6, 16)).sum().backward()
     assert m.beta_param.grad is not None and m.increment_proj.weight.grad is not None
+
+
+@pytest.mark.parametrize("d", [1, 2, 3, 8, 9])
+def test_rope_keeps_width_norm_and_is_relative(d):
+    from fpa.layers.attention import rope
+
+    torch.manual_seed(d)
+    x = torch.randn(2, 5, d)
+    y = rope(x, torch.arange(5), 1e4)
+    assert y.shape == x.shape
+    assert torch.allclose(y.norm(dim=-1), x.norm(dim=-1), atol=1e-5)
+    q, k = torch.randn(1, d), torch.randn(1, d)
+
+    def dot(i: int, j: int) -> torch.Tensor:
+        return (rope(q, torch.tensor([i]), 1e4) * rope(k, torch.tensor([j]), 1e4)).sum()
+
+    assert torch.allclose(dot(3, 1), dot(9, 7), atol=1e-5)  # depends on i - j only
+    if d >= 2:
+        assert not torch.allclose(dot(3, 1), dot(3, 2), atol=1e-4)  # and does depend on it

@@ -22,6 +22,9 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
             write(f)
             f.flush()
             os.fsync(f.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file ordinary permissions
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

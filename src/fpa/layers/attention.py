@@ -241,13 +241,20 @@ class ForgettingAttention(AttentionBase):
         return _fpa_cached(q, k, v, field, field, 1.0, state)
 
 
-def _rope(x: Tensor, pos: Tensor, theta: float) -> Tensor:
+def rope(x: Tensor, pos: Tensor, theta: float) -> Tensor:
+    """Rotary position embedding of x (..., T, d) at positions pos (T,), half-split pairing.
+
+    The first 2 * (d // 2) channels are rotated in pairs (c, c + d // 2); for odd d the last
+    channel passes through unrotated (so d = 1 carries no position at all).
+    """
     d = x.shape[-1]
-    inv = 1.0 / (theta ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d))
-    ang = pos.float()[:, None] * inv[None, :]  # (T, d/2)
+    h = d // 2
+    inv = 1.0 / (theta ** (torch.arange(h, device=x.device, dtype=torch.float32) * 2 / (2 * h))) if h else x.new_zeros(0).float()
+    ang = pos.float()[:, None] * inv[None, :]  # (T, d // 2)
     cos, sin = ang.cos(), ang.sin()
-    x1, x2 = x.float()[..., : d // 2], x.float()[..., d // 2:]
-    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], -1).to(x.dtype)
+    xf = x.float()
+    x1, x2, rest = xf[..., :h], xf[..., h:2 * h], xf[..., 2 * h:]
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos, rest], -1).to(x.dtype)
 
 
 def alibi_slopes(n: int) -> Tensor:
@@ -278,7 +285,7 @@ class SoftmaxAttention(AttentionBase):
         T = q.shape[2]
         qpos = torch.arange(offset, offset + T, device=q.device)
         if self.position == "rope":
-            q, k = _rope(q, qpos, self.rope_theta), _rope(k, qpos, self.rope_theta)
+            q, k = rope(q, qpos, self.rope_theta), rope(k, qpos, self.rope_theta)
         rep = self.num_heads // self.num_kv_heads
         if state is None:
             kpos, valid = qpos[None, None], None

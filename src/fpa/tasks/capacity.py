@@ -1,0 +1,138 @@
+"""The capacity experiment: train one-layer one-head models per (task, method, d, m) and measure them.
+
+For one grid cell the models of all seeds train together (``PackedModels``), on the same data for
+every method and d (the data depend on task, m and the seed list only). After training each model
+is evaluated on held-out sequences of the training length and of 4x that length:
+
+- target_mass: the mean attention mass of the query on its target key set (``probe.attention_probs``);
+- accuracy: the fraction of queries whose prediction is within the task's tolerance;
+- success: target_mass >= 0.99 and accuracy >= 0.99 at both lengths (the minimum over the two is
+  what a record's ``target_mass`` and ``accuracy`` hold; the per-length values are kept too).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from fpa.tasks.nested import TASKS, TaskBatch, get_task
+from fpa.tasks.packed import PackedModels, check_method
+from fpa.tasks.probe import attention_probs, layer_output
+
+MASS_TARGET, ACC_TARGET = 0.99, 0.99
+EVAL_LENGTH_FACTORS = (1, 4)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Training budget and hyperparameters, the same for every method."""
+
+    steps: int = 400
+    batch: int = 32
+    lr: float = 1e-2
+    embed_dim: int = 16
+    eval_n: int = 256
+    log_every: int = 10
+
+
+@dataclass(frozen=True)
+class CellData:
+    """Data of one (task, m, seeds) cell: arrays shaped (N, S, T) / (N, S)."""
+
+    train: TaskBatch
+    evals: dict[int, TaskBatch]  # length factor -> held-out batch
+
+
+def _stack_seeds(task_name: str, m: int, seeds: tuple[int, ...], n: int, factor: int, split: int) -> TaskBatch:
+    """n sequences per seed, (n, S, T); seed s's rows come from its own Generator."""
+    task = get_task(task_name)
+    tid = tuple(TASKS).index(task_name)
+    parts = [task.sample(np.random.default_rng([tid, m, factor, split, s]), n, m, factor) for s in seeds]
+    return TaskBatch(*(np.stack([getattr(p, f) for p in parts], 1) for f in ("tokens", "target", "answer", "tolerance")))
+
+
+def make_cell_data(task: str, m: int, seeds: tuple[int, ...], cfg: TrainConfig) -> CellData:
+    train = _stack_seeds(task, m, seeds, cfg.steps * cfg.batch, 1, 0)
+    evals = {f: _stack_seeds(task, m, seeds, cfg.eval_n, f, 1) for f in EVAL_LENGTH_FACTORS}
+    return CellData(train, evals)
+
+
+def _tensors(b: TaskBatch, sl: slice) -> tuple[torch.Tensor, ...]:
+    return (torch.from_numpy(b.tokens[sl]), torch.from_numpy(b.target[sl]),
+            torch.from_numpy(b.answer[sl]), torch.from_numpy(b.tolerance[sl]))
+
+
+@torch.no_grad()
+def evaluate(model: PackedModels, data: TaskBatch, chunk: int = 32) -> tuple[np.ndarray, np.ndarray]:
+    """Per model (S,): mean target attention mass of the last query, and accuracy."""
+    mass, hits = [], []
+    for i in range(0, data.tokens.shape[0], chunk):
+        tok, tgt, ans, tol = _tensors(data, slice(i, i + chunk))
+        probs, v = attention_probs(model.attn, model.hidden(tok), last_only=True)  # (b, S, 1, T)
+        mass.append((probs[:, :, -1, :] * tgt.float()).sum(-1))
+        pred = model.readout_last(layer_output(model.attn, probs, v))  # == the layer's forward (tested)
+        hits.append(((pred - ans).abs() < tol).float())
+    return torch.cat(mass).mean(0).numpy(), torch.cat(hits).mean(0).numpy()
+
+
+def train_cell(task: str, method: str, dim: int, m: int, seeds: tuple[int, ...], cfg: TrainConfig,
+               data: CellData | None = None) -> list[dict]:
+    """Train and evaluate one model per seed; one record per seed (see module docstring)."""
+    check_method(method)
+    data = make_cell_data(task, m, seeds, cfg) if data is None else data
+    gen_seed = int(np.random.default_rng([dim, m, *seeds, sum(map(ord, method))]).integers(2**31))
+    torch.manual_seed(gen_seed)
+    model = PackedModels(method, len(seeds), get_task(task).vocab_size, dim, cfg.embed_dim)
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    curve: list[list[float]] = [[] for _ in seeds]
+    for step in range(cfg.steps):
+        tok, _, ans, tol = _tensors(data.train, slice(step * cfg.batch, (step + 1) * cfg.batch))
+        err = ((model(tok) - ans) / tol) ** 2  # (B, S): squared error in units of the tolerance
+        opt.zero_grad(set_to_none=True)
+        err.mean(0).sum().backward()  # sum over models: each model gets its own mean-loss gradient
+        opt.step()
+        if step % cfg.log_every == 0 or step == cfg.steps - 1:
+            for s, v in enumerate(err.detach().mean(0).tolist()):
+                curve[s].append(v)
+    results = {f: evaluate(model, b) for f, b in data.evals.items()}
+    records = []
+    for s, seed in enumerate(seeds):
+        per = {f: (float(results[f][0][s]), float(results[f][1][s])) for f in results}
+        mass = min(v[0] for v in per.values())
+        acc = min(v[1] for v in per.values())
+        records.append(dict(
+            task=task, method=method, dim=dim, m=m, seed=seed, target_mass=mass, accuracy=acc,
+            success=bool(mass >= MASS_TARGET and acc >= ACC_TARGET),
+            per_length={f"{f}x": {"target_mass": v[0], "accuracy": v[1]} for f, v in per.items()},
+            train_length=int(data.train.tokens.shape[-1]),
+            curve=curve[s], curve_every=cfg.log_every, config=asdict(cfg)))
+    return records
+
+
+def run_grid(tasks: list[str], methods: list[str], dims: list[int], ms: list[int], seeds: list[int],
+             cfg: TrainConfig, progress: bool = True) -> list[dict]:
+    """Every (task, m, method, d) cell, seeds packed per cell; one record per run."""
+    for t in tasks:
+        get_task(t)
+    for meth in methods:
+        check_method(meth)
+    for name, vals in (("dims", dims), ("ms", ms)):
+        if not vals or any(int(v) < 1 for v in vals):
+            raise ValueError(f"{name} must be a non-empty list of integers >= 1, got {vals}")
+    if not seeds:
+        raise ValueError("seeds must be a non-empty list of integers")
+    records: list[dict] = []
+    bar = tqdm(total=len(tasks) * len(ms) * len(methods) * len(dims), disable=not progress, desc="synth")
+    for task in tasks:
+        for m in ms:
+            data = make_cell_data(task, m, tuple(seeds), cfg)
+            for method in methods:
+                for dim in dims:
+                    bar.set_postfix_str(f"{task} m={m} {method} d={dim}")
+                    records += train_cell(task, method, dim, m, tuple(seeds), cfg, data)
+                    bar.update()
+    bar.close()
+    return records

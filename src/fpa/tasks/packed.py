@@ -1,0 +1,90 @@
+"""S independent one-layer, one-head models run as the S heads of one attention layer.
+
+Each model is: token embedding (V, E) -> one attention head of dimension d (from
+``fpa.layers.make_attention``, so every method shares the library's layer code) -> a linear
+readout of the output at the last position (the query) to one scalar.
+
+Packing: the layer has hidden size S * E and S heads; every projection is block-diagonal (the
+off-block weights start at zero and their gradients are masked to zero, so with Adam they stay
+zero), and block s of the hidden state holds model s's embedding of its own tokens. Each head then
+sees only its own model's inputs: the S models are independent, but run in one forward pass.
+Per-block initialisation matches a single model's: nn.Linear's fan-in scaling is undone for the
+S-times wider input, and ALiBi uses the one-head slope for every head.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from fpa.layers.attention import alibi_slopes, make_attention
+
+# method name -> (attention type, extra make_attention kwargs)
+METHODS: dict[str, tuple[str, dict]] = {
+    "fpa_free": ("fpa", {"fpa_mode": "free"}),
+    "fpa_walk": ("fpa", {"fpa_mode": "walk"}),
+    "fox": ("fox", {}),
+    "softmax_alibi": ("softmax_alibi", {}),
+    "softmax_rope": ("softmax_rope", {}),
+    "softmax_nope": ("softmax_nope", {}),
+}
+
+
+def check_method(name: str) -> None:
+    if name not in METHODS:
+        raise ValueError(f"method must be one of {tuple(METHODS)}, got {name!r}")
+
+
+def block_diagonal_(lin: nn.Linear, n: int, rescale: bool) -> None:
+    """Zero lin's off-diagonal blocks (n x n blocks) and keep them zero by masking the gradient."""
+    out_f, in_f = lin.weight.shape
+    if out_f % n or in_f % n:
+        raise ValueError(f"a {out_f}x{in_f} weight cannot be split into {n} x {n} blocks")
+    mask = torch.block_diag(*[torch.ones(out_f // n, in_f // n)] * n)
+    with torch.no_grad():
+        lin.weight.mul_(mask * (math.sqrt(n) if rescale else 1.0))
+    lin.weight.register_hook(lambda g: g * mask)
+
+
+class PackedModels(nn.Module):
+    """``n_models`` independent one-head models of one method. tokens (B, S, T) -> prediction (B, S)."""
+
+    def __init__(self, method: str, n_models: int, vocab_size: int, dim: int, embed_dim: int = 16):
+        super().__init__()
+        check_method(method)
+        if dim < 1:
+            raise ValueError(f"dim (head dimension d) must be >= 1, got {dim}")
+        if n_models < 1:
+            raise ValueError(f"n_models must be >= 1, got {n_models}")
+        attention, kw = METHODS[method]
+        S, E = n_models, embed_dim
+        self.n_models, self.embed_dim = S, E
+        self.embed = nn.Parameter(torch.randn(S, vocab_size, E))
+        self.attn = make_attention(attention, S * E, S, head_dim=dim, **kw)
+        for name, lin in self.attn.named_children():
+            if isinstance(lin, nn.Linear):
+                # q, k, v, o have nn.Linear's default fan-in init; the scalar heads are N(0, std^2)
+                block_diagonal_(lin, S, rescale=name in ("q_proj", "k_proj", "v_proj", "o_proj"))
+        if getattr(self.attn, "position", None) == "alibi":
+            self.attn.slopes.fill_(float(alibi_slopes(1)[0]))
+        self.readout = nn.Parameter(torch.randn(S, E) / math.sqrt(E))
+        self.readout_bias = nn.Parameter(torch.zeros(S))
+
+    def hidden(self, tokens: Tensor) -> Tensor:
+        """tokens (B, S, T) -> layer input (B, T, S * E), block s = model s's embedding."""
+        if tokens.dim() != 3 or tokens.shape[1] != self.n_models:
+            raise ValueError(f"tokens must have shape (B, {self.n_models}, T), got {tuple(tokens.shape)}")
+        S = torch.arange(self.n_models)[None, :, None]
+        x = self.embed[S, tokens]  # (B, S, T, E)
+        B, _, T, E = x.shape
+        return x.permute(0, 2, 1, 3).reshape(B, T, self.n_models * E)
+
+    def readout_last(self, y: Tensor) -> Tensor:
+        """Layer output (B, T, S * E) -> one scalar per model at the last position (B, S)."""
+        last = y[:, -1].view(y.shape[0], self.n_models, self.embed_dim)
+        return (last * self.readout).sum(-1) + self.readout_bias
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        return self.readout_last(self.attn(self.hidden(tokens)))

@@ -1,0 +1,150 @@
+"""Outputs of the capacity experiment: results.json, a markdown table, PNG heatmaps and learning curves.
+
+Every file is written atomically (temporary file in the same folder, then os.replace).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from fpa.data.atomic import atomic_write_bytes
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save_figure(fig, title: str, path: Path) -> Path:
+    """Title, render to PNG bytes, write atomically, close."""
+    import io
+
+    fig.suptitle(title, fontsize=10)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    _pyplot().close(fig)
+    atomic_write_bytes(path, buf.getvalue())
+    return path
+
+
+def _axes(records: list[dict]) -> tuple[list, list, list, list]:
+    uniq = lambda k: sorted({r[k] for r in records}, key=lambda v: (str(type(v)), v))  # noqa: E731
+    methods = list(dict.fromkeys(r["method"] for r in records))
+    return uniq("task"), methods, uniq("dim"), uniq("m")
+
+
+def success_grid(records: list[dict], task: str, method: str, dims: list, ms: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(dims x ms) success rate, min and mean target mass over seeds (NaN where no run)."""
+    cell = defaultdict(list)
+    for r in records:
+        if r["task"] == task and r["method"] == method:
+            cell[(r["dim"], r["m"])].append(r)
+    rate, mass_min, mass_mean = (np.full((len(dims), len(ms)), np.nan) for _ in range(3))
+    for i, d in enumerate(dims):
+        for j, m in enumerate(ms):
+            rs = cell.get((d, m))
+            if rs:
+                rate[i, j] = np.mean([r["success"] for r in rs])
+                mass_min[i, j] = min(r["target_mass"] for r in rs)
+                mass_mean[i, j] = np.mean([r["target_mass"] for r in rs])
+    return rate, mass_min, mass_mean
+
+
+def markdown_table(records: list[dict]) -> str:
+    """Per task: rows (method, d), columns m; cells 'successes/seeds (mean target mass, mean accuracy)'."""
+    tasks, methods, dims, ms = _axes(records)
+    lines = ["# Capacity experiment: success = target mass >= 0.99 and accuracy >= 0.99 at 1x and 4x length", ""]
+    for task in tasks:
+        lines += [f"## task `{task}`", "", "| method | d | " + " | ".join(f"m={m}" for m in ms) + " |",
+                  "|---|---|" + "---|" * len(ms)]
+        for method in methods:
+            for d in dims:
+                cells = []
+                for m in ms:
+                    rs = [r for r in records if (r["task"], r["method"], r["dim"], r["m"]) == (task, method, d, m)]
+                    if not rs:
+                        cells.append("")
+                        continue
+                    ok = sum(r["success"] for r in rs)
+                    mass = np.mean([r["target_mass"] for r in rs])
+                    acc = np.mean([r["accuracy"] for r in rs])
+                    cells.append(f"{ok}/{len(rs)} ({mass:.2f}, {acc:.2f})")
+                if any(cells):
+                    lines.append(f"| {method} | {d} | " + " | ".join(cells) + " |")
+        lines.append("")
+        total = {meth: [r["success"] for r in records if r["task"] == task and r["method"] == meth] for meth in methods}
+        lines += ["| method | successful runs |", "|---|---|"]
+        lines += [f"| {meth} | {sum(v)}/{len(v)} |" for meth, v in total.items() if v]
+        lines.append("")
+    lines.append("Cells: successful seeds / seeds (mean over seeds of target mass, of accuracy; each the min over "
+                 "the 1x and 4x held-out sets).")
+    return "\n".join(lines) + "\n"
+
+
+def plot_heatmaps(records: list[dict], out: Path) -> list[Path]:
+    """One PNG per task: a d x m success-rate heatmap per method."""
+    plt = _pyplot()
+    tasks, methods, dims, ms = _axes(records)
+    paths = []
+    for task in tasks:
+        fig, axs = plt.subplots(1, len(methods), figsize=(3.2 * len(methods), 3.2), squeeze=False)
+        for ax, method in zip(axs[0], methods):
+            rate, _, mass = success_grid(records, task, method, dims, ms)
+            ax.imshow(rate, vmin=0, vmax=1, cmap="viridis", origin="lower", aspect="auto")
+            for i in range(len(dims)):
+                for j in range(len(ms)):
+                    if not np.isnan(rate[i, j]):
+                        ax.text(j, i, f"{rate[i, j]:.1f}\n{mass[i, j]:.2f}", ha="center", va="center",
+                                fontsize=6, color="w" if rate[i, j] < 0.5 else "k")
+            ax.set_xticks(range(len(ms)), [str(m) for m in ms])
+            ax.set_yticks(range(len(dims)), [str(d) for d in dims])
+            ax.set_xlabel("m (live target keys)")
+            ax.set_ylabel("head dim d")
+            ax.set_title(method, fontsize=9)
+        paths.append(_save_figure(fig, f"{task}: success rate (top) and mean target mass (bottom) per cell",
+                                  out / f"heatmap_{task}.png"))
+    return paths
+
+
+def plot_curves(records: list[dict], out: Path) -> list[Path]:
+    """One PNG per task: rows = methods, columns = d; a line per m (mean training loss over seeds)."""
+    plt = _pyplot()
+    tasks, methods, dims, ms = _axes(records)
+    paths = []
+    colours = plt.cm.plasma(np.linspace(0, 0.9, len(ms)))
+    for task in tasks:
+        fig, axs = plt.subplots(len(methods), len(dims), figsize=(2.4 * len(dims), 1.9 * len(methods)),
+                                squeeze=False, sharex=True, sharey=True)
+        for i, method in enumerate(methods):
+            for j, d in enumerate(dims):
+                ax = axs[i, j]
+                for c, m in zip(colours, ms):
+                    rs = [r for r in records if (r["task"], r["method"], r["dim"], r["m"]) == (task, method, d, m)]
+                    if rs:
+                        y = np.mean([r["curve"] for r in rs], 0)
+                        ax.semilogy(np.arange(len(y)) * rs[0]["curve_every"], np.maximum(y, 1e-6), color=c,
+                                    label=f"m={m}", lw=1)
+                if i == 0:
+                    ax.set_title(f"d={d}", fontsize=8)
+                if j == 0:
+                    ax.set_ylabel(method, fontsize=8)
+        axs[0, -1].legend(fontsize=6)
+        paths.append(_save_figure(fig, f"{task}: training loss ((pred - answer) / tolerance)^2, mean over seeds",
+                                  out / f"curves_{task}.png"))
+    return paths
+
+
+def write_all(records: list[dict], out: Path, meta: dict) -> list[Path]:
+    """results.json, results.md, heatmap_<task>.png, curves_<task>.png under ``out``."""
+    out = Path(out)
+    atomic_write_bytes(out / "results.json", json.dumps({"meta": meta, "records": records}, indent=1).encode())
+    atomic_write_bytes(out / "results.md", markdown_table(records).encode())
+    return [out / "results.json", out / "results.md"] + plot_heatmaps(records, out) + plot_curves(records, out)
