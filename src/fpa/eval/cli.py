@@ -1,0 +1,113 @@
+"""``fpa eval`` (one trained model) and ``fpa reproduce`` (the whole paper, one preset)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def _floats(s: str) -> tuple[float, ...]:
+    return tuple(float(x) for x in s.split(",") if x)
+
+
+def _ints(s: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in s.split(",") if x)
+
+
+def _training_info(model_dir: Path) -> dict:
+    f = model_dir / "training.json"
+    return json.loads(f.read_text()) if f.is_file() else {}
+
+
+def run_eval(args) -> int:
+    from fpa.eval.kv import policy_grids
+    from fpa.eval.loss import heldout_loss
+    from fpa.eval.passkey import passkey_grid
+    from fpa.eval.reproduce import load_model
+    from fpa.eval.stages import write_json
+
+    bad = sorted(set(args.what) - {"loss", "passkey", "cache"})
+    if bad:
+        raise ValueError(f"--what must be a comma list of loss, passkey, cache; got {bad}")
+    model_dir = Path(args.model)
+    if not (model_dir / "config.json").is_file():
+        raise ValueError(f"--model must be a saved model folder (config.json), got {model_dir}")
+    info = _training_info(model_dir)
+    L = args.train_len or info.get("config", {}).get("seq_len")
+    if not L:
+        raise ValueError("--train-len is required (the model folder has no training.json)")
+    model, tok = load_model(model_dir, args.device)
+    attention = model.config.attention
+    res = {"model": str(model_dir), "train_len": L}
+    progress = not args.no_progress
+    if "loss" in args.what:
+        data = args.data or info.get("data_dir")
+        if not data:
+            raise ValueError("--data is required for the loss (the model folder has no training.json)")
+        res["loss"] = heldout_loss(model, data, L, args.loss_multiple, args.loss_windows, progress)
+        print(f"held-out loss {res['loss']['loss']:.4f} (ppl {res['loss']['ppl']:.3f}); by multiple {res['loss']['by_multiple']}")
+    lengths = [L * m for m in args.multiples]
+    if "passkey" in args.what:
+        res["passkey"] = passkey_grid(model, tok, lengths, args.depths, args.trials, seed=args.seed,
+                                      chunk_size=args.chunk_size, batch_size=args.trials, progress=progress)
+        print("passkey accuracy by length:", dict(zip(lengths, res["passkey"]["accuracy_by_length"])))
+    if "cache" in args.what:
+        res["cache"] = {}
+        for f in args.fractions:
+            res["cache"][str(f)] = grids = policy_grids(model, attention, tok, lengths, args.depths, args.trials, f,
+                                                        args.chunk_size, args.calib_prompts, args.seed, progress)
+            for policy, g in grids.items():
+                print(f"{policy} @{f:.0%}: kept {g['kept_fraction_mean']:.3f}, accuracy by length "
+                      f"{dict(zip(lengths, g['accuracy_by_length']))}")
+    write_json(args.out, res)
+    print(f"wrote {args.out}")
+    return 0
+
+
+def run_reproduce(args) -> int:
+    from fpa.eval.presets import get_preset
+    from fpa.eval.reproduce import reproduce
+
+    preset = get_preset(args.preset)
+    if args.data_source:
+        import dataclasses
+
+        preset = dataclasses.replace(preset, data_source=args.data_source, corpus_max_bytes=args.max_bytes)
+    methods = tuple(args.methods.split(",")) if args.methods else None
+    res = reproduce(preset, args.out, progress=not args.no_progress, methods=methods)
+    if res:
+        print(f"wrote {Path(args.out) / 'report.md'} and {Path(args.out) / 'results.json'}")
+    return 0
+
+
+def add_parser(subparsers) -> None:
+    e = subparsers.add_parser("eval", help="evaluate a trained model: per-position loss, passkey grid, cache policies",
+                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    e.add_argument("--model", required=True, help="saved model folder (fpa train's out_dir/model)")
+    e.add_argument("--out", required=True, help="JSON file to write")
+    e.add_argument("--data", help="prepared data folder (default: the one the model was trained on)")
+    e.add_argument("--train-len", type=int, help="training length (default: from training.json)")
+    e.add_argument("--what", type=lambda s: tuple(s.split(",")), default=("loss", "passkey", "cache"),
+                   help="comma list of loss, passkey, cache")
+    e.add_argument("--loss-multiple", type=int, default=8)
+    e.add_argument("--loss-windows", type=int, default=8)
+    e.add_argument("--multiples", type=_ints, default=(1, 2, 4, 8, 16))
+    e.add_argument("--depths", type=_floats, default=(0.0, 0.25, 0.5, 0.75, 1.0))
+    e.add_argument("--trials", type=int, default=10)
+    e.add_argument("--fractions", type=_floats, default=(0.25, 0.5))
+    e.add_argument("--chunk-size", type=int, default=256)
+    e.add_argument("--calib-prompts", type=int, default=2)
+    e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    e.add_argument("--no-progress", action="store_true")
+    e.set_defaults(func=run_eval)
+    r = subparsers.add_parser("reproduce", help="train the five methods, run every evaluation, write the report")
+    r.add_argument("--preset", required=True, choices=("smoke", "cpu", "110m"))
+    r.add_argument("--out", required=True, help="run folder (resumes if it holds an interrupted run)")
+    r.add_argument("--methods", help="comma list of methods (default: all five)")
+    r.add_argument("--data-source", help="corpus instead of the preset's (a path, a list file or hf:NAME; "
+                                         "see fpa prepare-data); recorded in the run's config")
+    r.add_argument("--max-bytes", type=int, help="with --data-source: cap on the corpus size in bytes")
+    r.add_argument("--no-progress", action="store_true")
+    r.set_defaults(func=run_reproduce)

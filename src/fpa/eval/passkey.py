@@ -1,0 +1,81 @@
+"""Passkey retrieval grids: lengths (multiples of the training length) x needle depths x trials.
+
+Every cell's prompts are drawn from ``numpy.random.default_rng([seed, length, depth index])``, so
+the full-cache grid and every cache-policy grid see exactly the same prompts and keys.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from fpa.eval.decode import greedy_decode
+from fpa.tasks.passkey import is_correct, make_prompt, max_answer_tokens
+
+# make_cache(length) -> (cache object passed as past_key_values, policy with .kept_fraction or None)
+CacheFactory = Callable[[int], tuple[object, object]]
+
+
+def cell_prompts(tokenizer, length: int, depth: float, depth_index: int, trials: int, seed: int):
+    """The ``trials`` prompts of one cell: a list of PasskeyPrompt of ``length`` tokens."""
+    rng = np.random.default_rng([seed, length, depth_index])
+    return [make_prompt(tokenizer, length, depth, rng) for _ in range(trials)]
+
+
+def run_cell(model, tokenizer, prompts, make_cache: CacheFactory | None = None,
+             chunk_size: int | None = None, batch_size: int | None = None) -> tuple[int, float, list[str]]:
+    """Decode a cell's prompts greedily -> (number correct, mean achieved kept fraction (1.0 for the
+    full cache, NaN if the policy reports none), the generated texts)."""
+    n_new = max_answer_tokens(tokenizer, len(prompts[0].key))
+    bs = len(prompts) if batch_size is None else batch_size
+    correct, kept, texts = 0, [], []
+    for a in range(0, len(prompts), bs):
+        group = prompts[a:a + bs]
+        ids = torch.from_numpy(np.stack([p.ids for p in group]))
+        cache, policy = (None, None) if make_cache is None else make_cache(ids.shape[1])
+        new, _ = greedy_decode(model, ids, n_new, cache=cache, chunk_size=chunk_size)
+        for p, row in zip(group, new.tolist()):
+            text = tokenizer.decode(row)
+            texts.append(text)
+            correct += is_correct(text, p.key)
+        kept.append(1.0 if policy is None else float(policy.kept_fraction))
+    return correct, float(np.mean(kept)), texts
+
+
+def passkey_grid(model, tokenizer, lengths: Sequence[int], depths: Sequence[float], trials: int,
+                 seed: int = 0, make_cache: CacheFactory | None = None, chunk_size: int | None = None,
+                 batch_size: int | None = None, progress: bool = True, desc: str = "passkey") -> dict:
+    """Exact-match passkey accuracy over lengths x depths.
+
+    Returns {"lengths", "depths", "trials", "correct": (n_len, n_depth) ints, "accuracy": same as
+    fractions, "accuracy_by_length": (n_len,), "kept_fraction": (n_len, n_depth) achieved
+    (1.0 = full cache), "kept_fraction_mean", "examples": one generated text per length}.
+    """
+    if not isinstance(trials, int) or trials < 1:
+        raise ValueError(f"trials must be a positive int, got {trials!r}")
+    if not lengths or not depths:
+        raise ValueError("lengths and depths must be non-empty")
+    correct = np.zeros((len(lengths), len(depths)), dtype=np.int64)
+    kept = np.ones((len(lengths), len(depths)))
+    examples = []
+    bar = tqdm(total=len(lengths) * len(depths), desc=desc, disable=not progress, leave=False)
+    model.eval()
+    for i, length in enumerate(lengths):
+        for j, depth in enumerate(depths):
+            prompts = cell_prompts(tokenizer, int(length), float(depth), j, trials, seed)
+            correct[i, j], kept[i, j], texts = run_cell(model, tokenizer, prompts, make_cache, chunk_size, batch_size)
+            if j == 0:
+                examples.append({"length": int(length), "key": prompts[0].key, "generated": texts[0]})
+            bar.update(1)
+    bar.close()
+    acc = correct / trials
+    finite = kept[np.isfinite(kept)]
+    return {"lengths": [int(x) for x in lengths], "depths": [float(d) for d in depths], "trials": trials,
+            "correct": correct.tolist(), "accuracy": acc.tolist(), "accuracy_by_length": acc.mean(1).tolist(),
+            "kept_fraction": kept.tolist(),
+            "kept_fraction_mean": float(finite.mean()) if finite.size else math.nan,
+            "examples": examples}

@@ -1,0 +1,60 @@
+"""Resumable pipeline stages: each finished stage's output is a JSON file written atomically, and
+a state file lists the finished stages, so an interrupted run restarts where it stopped."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from fpa.data.atomic import atomic_write_text
+
+
+def write_json(path: str | Path, obj) -> None:
+    """Atomically write ``obj`` as indented JSON (temp file + os.replace)."""
+    atomic_write_text(path, json.dumps(obj, indent=1, sort_keys=False, allow_nan=True) + "\n")
+
+
+def read_json(path: str | Path):
+    return json.loads(Path(path).read_text())
+
+
+class Stages:
+    """Stage runner over ``out_dir``: ``out_dir/state.json`` = {"done": [names], "seconds": {name: s}}
+    and ``out_dir/stages/<name>.json`` = each stage's output. ``write=False`` (torchrun ranks > 0)
+    runs the stages without recording them."""
+
+    def __init__(self, out_dir: str | Path, log: Callable[[str], None] = print, write: bool = True):
+        self.dir, self.write = Path(out_dir), write
+        self.state_path = self.dir / "state.json"
+        self.log = log
+        self.state = read_json(self.state_path) if self.state_path.is_file() else {"done": [], "seconds": {}}
+
+    def output_path(self, name: str) -> Path:
+        if not name or "/" in name or name.startswith("."):
+            raise ValueError(f"stage name must be a plain file name, got {name!r}")
+        return self.dir / "stages" / f"{name}.json"
+
+    def done(self, name: str) -> bool:
+        return name in self.state["done"] and self.output_path(name).is_file()
+
+    def run(self, name: str, fn: Callable[[], dict]) -> dict:
+        """The output of stage ``name``: read back if it already finished, else ``fn()`` (saved)."""
+        if self.done(name):
+            return read_json(self.output_path(name))
+        self.log(f"[stage] {name} ...")
+        t0 = time.perf_counter()
+        out = fn()
+        seconds = time.perf_counter() - t0
+        if not self.write:
+            return out
+        write_json(self.output_path(name), out)
+        self.state["done"] = [n for n in self.state["done"] if n != name] + [name]
+        self.state["seconds"][name] = round(seconds, 2)
+        write_json(self.state_path, self.state)
+        self.log(f"[stage] {name} done in {seconds:.1f} s")
+        return out
+
+    def seconds(self) -> dict:
+        return dict(self.state["seconds"])

@@ -1,0 +1,37 @@
+import json
+
+import pytest
+
+from fpa.eval.stages import Stages
+
+
+def test_finished_stages_are_not_rerun_and_outputs_survive(tmp_path):
+    calls = []
+    s = Stages(tmp_path, log=lambda m: None)
+    assert s.run("a", lambda: calls.append("a") or {"x": 1}) == {"x": 1}
+    s2 = Stages(tmp_path, log=lambda m: None)  # a new process resuming
+    assert s2.run("a", lambda: calls.append("again") or {"x": 2}) == {"x": 1}
+    assert calls == ["a"] and json.loads((tmp_path / "state.json").read_text())["done"] == ["a"]
+
+
+def test_an_interrupted_stage_is_rerun(tmp_path):
+    s = Stages(tmp_path, log=lambda m: None)
+
+    def boom():
+        raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):
+        s.run("b", boom)
+    assert not s.done("b") and not (tmp_path / "stages" / "b.json").exists()
+    assert Stages(tmp_path, log=lambda m: None).run("b", lambda: {"ok": True}) == {"ok": True}
+
+
+def test_a_stage_whose_output_vanished_is_rerun(tmp_path):
+    s = Stages(tmp_path, log=lambda m: None)
+    s.run("c", lambda: {"v": 1})
+    (tmp_path / "stages" / "c.json").unlink()
+    assert Stages(tmp_path, log=lambda m: None).run("c", lambda: {"v": 2}) == {"v": 2}
+
+
+def test_bad_stage_names(tmp_path):
+    with pytest.raises(ValueError, match="stage name"):
+        Stages(tmp_path).run("../x", dict)
