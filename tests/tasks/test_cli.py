@@ -34,6 +34,8 @@ def test_tiny_run_writes_files(tmp_path):
     (["--dims", "0"], "--dims must be .* >= 1"),
     (["--dims", "a"], "--dims must be comma-separated integers"),
     (["--preset", "huge"], "--preset must be one of"),
+    (["--recipe", "fast"], "--recipe must be one of"),
+    (["--batch", "0"], "--steps and --batch must be >= 1"),
 ])
 def test_bad_arguments(tmp_path, capsys, args, match):
     base = {"--task": "stack", "--methods": "fox", "--dims": "1", "--ms": "2", "--seeds": "0", "--steps": "1"}

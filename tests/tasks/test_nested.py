@@ -104,3 +104,43 @@ def test_non_target_tokens_carry_random_bits(task, non_target_pairs):
     tok = get_task(task).sample(np.random.default_rng(3), 64, 4).tokens
     for a, b in non_target_pairs:
         assert (tok == a).any() and (tok == b).any()
+
+
+def simulate_prefixes(tokens, push_ids, pop_ids):
+    """Per position: (answer, depth) of the live stack after that token, with a Python list."""
+    stack, out = [], []
+    for tok in tokens:
+        if tok in push_ids:
+            stack.append(push_ids.index(tok))
+        elif tok in pop_ids:
+            stack.pop()
+        out.append((sum(stack) / len(stack) if stack else None, len(stack)))
+    return out
+
+
+@settings(max_examples=30, deadline=None)
+@given(task=st.sampled_from(["stack", "calls"]), seed=st.integers(0, 2**32 - 1), m=st.integers(1, 12),
+       factor=st.sampled_from([1, 4]))
+def test_prefix_answers_match_simulation(task, seed, m, factor):
+    t = get_task(task)
+    b = t.sample(np.random.default_rng(seed), 5, m, factor)
+    ans, tol, valid = t.prefix_answers(b.tokens)
+    assert ans.shape == tol.shape == valid.shape == b.tokens.shape
+    # at the final query the dense answer is the task's answer
+    np.testing.assert_allclose(ans[:, -1], b.answer, atol=1e-6)
+    np.testing.assert_allclose(tol[:, -1], b.tolerance, atol=1e-7)
+    assert valid[:, -1].all()
+    for i in range(5):
+        for pos, (a, depth) in enumerate(simulate_prefixes(list(b.tokens[i]), [0, 1], [2, 3])):
+            assert valid[i, pos] == (depth > 0)
+            if depth:
+                assert ans[i, pos] == pytest.approx(a, abs=1e-6)
+                assert tol[i, pos] == pytest.approx(0.5 / depth)
+    # batched shapes (N, S, T) give the same values
+    ans2, _, _ = t.prefix_answers(b.tokens[:, None, :])
+    np.testing.assert_array_equal(ans2[:, 0], ans)
+
+
+def test_scope_has_no_prefix_answers():
+    t = get_task("scope")
+    assert t.prefix_answers(t.sample(np.random.default_rng(0), 2, 2).tokens) is None

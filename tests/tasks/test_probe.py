@@ -83,3 +83,23 @@ def test_last_row_equals_full(method, T, seed):
     last, _ = attention_probs(model.attn, x, last_only=True)
     torch.testing.assert_close(last, full[:, :, -1:])
     torch.testing.assert_close(model.readout_last(layer_output(model.attn, last, v)), model(tok))
+
+
+@pytest.mark.parametrize("method", ["fpa_walk", "fox", "softmax_alibi"])
+def test_readout_all_and_per_model_clipping(method):
+    """readout_all's last column is forward(); clipping scales each model's gradient on its own."""
+    torch.manual_seed(2)
+    model = PackedModels(method, 2, vocab_size=5, dim=2, embed_dim=4)
+    tok = torch.randint(0, 5, (3, 2, 7))
+    torch.testing.assert_close(model.readout_all(model.attn(model.hidden(tok)))[..., -1], model(tok))
+    out = model(tok)
+    (out[:, 0].sum() * 1e3 + out[:, 1].sum() * 1e-3).backward()  # model 0 large, model 1 tiny gradient
+    before = {n: p.grad.clone() for n, p in model.named_parameters()}
+    norms = model.clip_grad_norm_(1.0)
+    assert norms[0] > 1.0 > norms[1]
+    after = model.clip_grad_norm_(1.0)  # norms after clipping
+    assert after[0] == pytest.approx(1.0, rel=1e-4)
+    assert after[1] == pytest.approx(float(norms[1]), rel=1e-5)  # untouched by model 0's large norm
+    for n, p in model.named_parameters():
+        g0 = before[n].reshape(2, -1)
+        torch.testing.assert_close(p.grad.reshape(2, -1)[1], g0[1])

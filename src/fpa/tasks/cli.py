@@ -6,7 +6,8 @@
 
 Writes DIR/results.json (meta + one record per run), results.md, heatmap_<task>.png,
 curves_<task>.png and constructive.json / constructive.md (P4 by construction, no training).
-Explicit options override the preset's values.
+Explicit options override the preset's values. ``--recipe dense`` (default) or ``legacy`` picks the
+training recipe, the same for every method (see ``fpa.tasks.capacity.RECIPES``).
 """
 
 from __future__ import annotations
@@ -16,12 +17,12 @@ import argparse
 ALL_METHODS = "fpa_free,fpa_walk,fox,softmax_alibi,softmax_rope,softmax_nope"
 PRESETS = {
     "quick": dict(task="stack,scope,calls", methods=ALL_METHODS, dims="1,8", ms="4", seeds="0,1,2",
-                  steps=400, construct_n=1000),
+                  construct_n=1000),
     "full": dict(task="stack", methods=ALL_METHODS, dims="1,2,4,8,16,32", ms="1,2,4,8,16,32",
-                 seeds="0,1,2,3,4", steps=400, construct_n=1000),
+                 seeds="0,1,2,3,4", construct_n=1000),
 }
 
-DEFAULTS = dict(methods=ALL_METHODS, steps=400, construct_n=0)  # without --preset
+DEFAULTS = dict(methods=ALL_METHODS, construct_n=0)  # without --preset
 
 
 def _ints(name: str, text: str, minimum: int) -> list[int]:
@@ -47,7 +48,7 @@ def _resolve(args: argparse.Namespace) -> dict:
         raise ValueError(f"--preset must be one of {tuple(PRESETS)}, got {args.preset!r}")
     base = PRESETS[args.preset] if args.preset else DEFAULTS
     out = {}
-    for key in ("task", "methods", "dims", "ms", "seeds", "steps", "construct_n"):
+    for key in ("task", "methods", "dims", "ms", "seeds", "construct_n"):
         val = getattr(args, key)
         if val is None:
             if key not in base:
@@ -62,7 +63,7 @@ def _synth(args: argparse.Namespace) -> int:
 
     import torch
 
-    from fpa.tasks.capacity import TrainConfig, run_grid
+    from fpa.tasks.capacity import RECIPES, TrainConfig, run_grid
     from fpa.tasks.construct import constructive_check
     from fpa.tasks.nested import TASKS
     from fpa.tasks.packed import METHODS
@@ -75,19 +76,24 @@ def _synth(args: argparse.Namespace) -> int:
     dims = _ints("dims", o["dims"], 1)
     ms = _ints("ms", o["ms"], 1)
     seeds = _ints("seeds", o["seeds"], 0)
-    steps = int(o["steps"])
-    if steps < 1:
-        raise ValueError(f"--steps must be >= 1, got {steps}")
-    if args.lr <= 0:
-        raise ValueError(f"--lr must be > 0, got {args.lr}")
+    if args.recipe not in RECIPES:
+        raise ValueError(f"--recipe must be one of {tuple(RECIPES)}, got {args.recipe!r}")
+    recipe = dict(RECIPES[args.recipe])
+    for key in ("steps", "batch", "lr"):
+        if getattr(args, key) is not None:
+            recipe[key] = getattr(args, key)
+    if recipe["steps"] < 1 or recipe["batch"] < 1:
+        raise ValueError(f"--steps and --batch must be >= 1, got {recipe['steps']}, {recipe['batch']}")
+    if recipe["lr"] <= 0:
+        raise ValueError(f"--lr must be > 0, got {recipe['lr']}")
     torch.set_num_threads(args.threads)
     out = Path(args.out)
-    cfg = TrainConfig(steps=steps, lr=args.lr)
+    cfg = TrainConfig(**recipe)
     records = run_grid(tasks, methods, dims, ms, seeds, cfg, progress=not args.no_progress)
     import dataclasses
     import json
 
-    meta = dict(tasks=tasks, methods=methods, dims=dims, ms=ms, seeds=seeds, preset=args.preset,
+    meta = dict(tasks=tasks, methods=methods, dims=dims, ms=ms, seeds=seeds, preset=args.preset, recipe=args.recipe,
                 config=dataclasses.asdict(cfg))
     files = write_all(records, out, meta)
     if int(o["construct_n"]) > 0:
@@ -112,8 +118,13 @@ def add_parser(sub) -> None:
     p.add_argument("--dims", help="comma-separated head dimensions d >= 1")
     p.add_argument("--ms", help="comma-separated numbers of live target keys / depths m >= 1")
     p.add_argument("--seeds", help="comma-separated integer seeds")
-    p.add_argument("--steps", type=int, help="training steps per run (same for every method)")
-    p.add_argument("--lr", type=float, default=1e-2, help="Adam learning rate (same for every method)")
+    p.add_argument("--recipe", default="dense",
+                   help="training recipe, the same for every method: dense (default: loss at every position "
+                        "with a defined answer, 800 x 16, lr 3e-2, warm-up + cosine, per-model clip 1) or "
+                        "legacy (final-query loss, 400 x 32, constant lr 1e-2)")
+    p.add_argument("--steps", type=int, help="training steps per run (default: the recipe's)")
+    p.add_argument("--batch", type=int, help="sequences per step and seed (default: the recipe's)")
+    p.add_argument("--lr", type=float, help="peak Adam learning rate (default: the recipe's)")
     p.add_argument("--construct-n", dest="construct_n", type=int,
                    help="instances per cell of the constructive check (0: skip)")
     p.add_argument("--preset", help="quick or full: defaults for every option not given")

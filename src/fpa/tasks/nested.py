@@ -24,6 +24,11 @@ Tasks (m = the structural size at the query, see each class):
   and the query carry a random bit as well). The answer
   is the fraction of open calls that are to tool B; the target set is the m open calls.
 
+Dense supervision (``Task.prefix_answers``): for ``stack`` and ``calls`` the answer is defined after
+every token (the live stack of that prefix; undefined while the stack is empty), so every position
+can be supervised, not only the final query. ``scope`` has no per-prefix answer (the query names the
+variable) and is supervised at the final query only.
+
 Generation is vectorised over the batch and deterministic given the numpy Generator.
 """
 
@@ -117,6 +122,15 @@ class Task:
     def render(self, rng: np.random.Generator, ops: np.ndarray, m: int) -> TaskBatch:  # pragma: no cover
         raise NotImplementedError
 
+    def prefix_answers(self, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """Dense supervision: (answer, tolerance, valid), each shaped like tokens (..., T).
+
+        The answer the model should give at every position t for the prefix tokens[..., :t + 1],
+        read from the tokens alone; ``valid`` is False where it is undefined. At the final query it
+        equals the batch's ``answer``. None for a task without a per-prefix answer.
+        """
+        return None
+
 
 def _with_query(body: np.ndarray, query: np.ndarray | int) -> np.ndarray:
     q = np.broadcast_to(np.asarray(query, dtype=np.int64), (body.shape[0],))
@@ -144,6 +158,36 @@ def _fraction_task(rng: np.random.Generator, ops: np.ndarray, m: int, push_ids: 
                      np.full(n, 0.5 / m, dtype=np.float32))
 
 
+def _prefix_fractions(tokens: np.ndarray, push_ids: tuple[int, int],
+                      pop_ids: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per prefix: the fraction of live pushes with bit 1 (push id push_ids[1]), tolerance 0.5 / depth,
+    valid where the stack is non-empty. Other tokens (observations, queries) leave the stack alone."""
+    shape = tokens.shape
+    tok = tokens.reshape(-1, shape[-1])
+    n, T = tok.shape
+    bit_of_push = np.full(int(tok.max(initial=0)) + 1, 0, dtype=np.int64)
+    bit_of_push[push_ids[1]] = 1
+    stack = np.zeros((n, T + 1), dtype=np.int64)  # stack[b, h] = bit of the push at depth h + 1
+    depth = np.zeros(n, dtype=np.int64)
+    ones = np.zeros(n, dtype=np.int64)
+    rows = np.arange(n)
+    answer = np.zeros((n, T), dtype=np.float32)
+    tol = np.zeros((n, T), dtype=np.float32)
+    valid = np.zeros((n, T), dtype=bool)
+    for t in range(T):
+        x = tok[:, t]
+        push = np.isin(x, push_ids)
+        pop = np.isin(x, pop_ids) & (depth > 0)
+        stack[rows[push], depth[push]] = bit_of_push[x[push]]
+        ones += bit_of_push[x] * push
+        depth += push
+        ones -= stack[rows, np.maximum(depth - 1, 0)] * pop
+        depth -= pop
+        d = np.maximum(depth, 1)
+        answer[:, t], tol[:, t], valid[:, t] = ones / d, 0.5 / d, depth > 0
+    return answer.reshape(shape), tol.reshape(shape), valid.reshape(shape)
+
+
 class StackTask(Task):
     """Tokens (bit b in 0/1): b = push with payload b, 2 + b = POP, 4 + b = QUERY. m = live stack size."""
 
@@ -151,6 +195,9 @@ class StackTask(Task):
 
     def render(self, rng, ops, m):
         return _fraction_task(rng, ops, m, (0, 1), (2, 3), None, (4, 5))
+
+    def prefix_answers(self, tokens):
+        return _prefix_fractions(tokens, (0, 1), (2, 3))
 
 
 class CallsTask(Task):
@@ -160,6 +207,9 @@ class CallsTask(Task):
 
     def render(self, rng, ops, m):
         return _fraction_task(rng, ops, m, (0, 1), (2, 3), (4, 5), (6, 7))
+
+    def prefix_answers(self, tokens):
+        return _prefix_fractions(tokens, (0, 1), (2, 3))
 
 
 class ScopeTask(Task):

@@ -86,5 +86,29 @@ class PackedModels(nn.Module):
         last = y[:, -1].view(y.shape[0], self.n_models, self.embed_dim)
         return (last * self.readout).sum(-1) + self.readout_bias
 
+    def readout_all(self, y: Tensor) -> Tensor:
+        """Layer output (B, T, S * E) -> one scalar per model at every position (B, S, T)."""
+        B, T, _ = y.shape
+        per = y.view(B, T, self.n_models, self.embed_dim)
+        return ((per * self.readout).sum(-1) + self.readout_bias).transpose(1, 2)
+
+    @torch.no_grad()
+    def clip_grad_norm_(self, max_norm: float) -> Tensor:
+        """Clip each model's gradient to norm <= max_norm on its own (global clipping would couple
+        the packed models). Every parameter's dim 0 is S contiguous per-model blocks. Returns the
+        per-model norms before clipping (S,)."""
+        S = self.n_models
+        grads = [p.grad for p in self.parameters() if p.grad is not None]
+        sq = torch.zeros(S)
+        for g in grads:
+            if g.shape[0] % S:
+                raise ValueError(f"a gradient of shape {tuple(g.shape)} has no {S} blocks along dim 0")
+            sq += g.reshape(S, -1).pow(2).sum(1)
+        norms = sq.sqrt()
+        scale = (max_norm / (norms + 1e-6)).clamp(max=1.0)
+        for g in grads:
+            g.view(S, -1).mul_(scale[:, None])
+        return norms
+
     def forward(self, tokens: Tensor) -> Tensor:
         return self.readout_last(self.attn(self.hidden(tokens)))
