@@ -8,7 +8,7 @@ import torch
 from fpa.cache import H2O, TOVA, FPACache, FoXEviction, FPAEviction, SlidingWindow, StreamingLLM, generate, prefill
 from fpa.layers.attention import make_attention
 
-from conftest import TYPES, forgetful_layer, full_penalty, full_qkv, kept_positions, tiny_model
+from cache_testing import TYPES, forgetful_layer, full_penalty, full_qkv, kept_positions, tiny_model
 
 
 def _keep_all_policy(att):

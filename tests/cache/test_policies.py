@@ -7,7 +7,7 @@ import torch
 
 from fpa.cache import FPACache, FoXEviction, FPAEviction
 
-from conftest import forgetful_layer, full_penalty, full_qkv, kept_positions
+from cache_testing import forgetful_layer, full_penalty, full_qkv, kept_positions
 
 
 def _decode(layer, x, policy, chunks):
