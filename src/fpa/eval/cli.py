@@ -6,6 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
+from fpa.eval.presets import PRESETS
+
 
 def _floats(s: str) -> tuple[float, ...]:
     return tuple(float(x) for x in s.split(",") if x)
@@ -103,7 +105,7 @@ def add_parser(subparsers) -> None:
     e.add_argument("--no-progress", action="store_true")
     e.set_defaults(func=run_eval)
     r = subparsers.add_parser("reproduce", help="train the five methods, run every evaluation, write the report")
-    r.add_argument("--preset", required=True, choices=("smoke", "cpu", "110m"))
+    r.add_argument("--preset", required=True, choices=tuple(PRESETS))
     r.add_argument("--out", required=True, help="run folder (resumes if it holds an interrupted run)")
     r.add_argument("--methods", help="comma list of methods (default: all five)")
     r.add_argument("--data-source", help="corpus instead of the preset's (a path, a list file or hf:NAME; "

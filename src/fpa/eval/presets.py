@@ -76,6 +76,13 @@ PRESETS = {
         corpus_max_bytes=20_000_000, loss_multiple=8, loss_windows=8, passkey_multiples=(1, 2, 4, 8, 16),
         depths=(0.0, 0.5, 1.0), trials=10, cache_multiples=(8,), cache_depths=(0.5,),
         cache_trials=10, fractions=(0.25, 0.5), chunk_size=256, calib_prompts=2),
+    # The cpu preset with 4x the training steps: does the passkey (copying) appear with more steps?
+    # About 12 min of training per FPA model on 2 free cores; run it on a subset (--methods).
+    "cpu-long": ReproducePreset(
+        name="cpu-long", train_len=256, steps=1600, batch_size=8, lr=3e-3, warmup_steps=160, mix_rate=0.5,
+        corpus_max_bytes=20_000_000, loss_multiple=8, loss_windows=8, passkey_multiples=(1, 2, 4, 8, 16),
+        depths=(0.0, 0.5, 1.0), trials=10, cache_multiples=(8,), cache_depths=(0.5,),
+        cache_trials=10, fractions=(0.25, 0.5), chunk_size=256, calib_prompts=2),
     # The GPU recipe (one node, torchrun; see docs/reproduce.md): the 110M model, 2048-token training.
     "110m": ReproducePreset(
         name="110m", train_len=2048, steps=20_000, batch_size=256, lr=1e-3, warmup_steps=1000, mix_rate=0.02,
