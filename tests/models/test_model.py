@@ -48,7 +48,7 @@ def test_cache_reexport_and_type_check():
         m(torch.randint(0, 37, (1, 3)), past_key_values=[], use_cache=True)
 
 
-@pytest.mark.parametrize("att,mode", [("fpa", "walk"), ("softmax_rope", "free")])
+@pytest.mark.parametrize("att,mode", TYPES)
 def test_save_load(tmp_path, att, mode):
     m = tiny(att, mode, output_gate=True, fpa_level_offset=True)
     x = torch.randint(0, 37, (1, 6))

@@ -279,7 +279,17 @@ class SoftmaxAttention(AttentionBase):
         if position not in ("rope", "alibi", "nope"):
             raise ValueError(f"position must be rope, alibi or nope, got {position!r}")
         self.position, self.rope_theta = position, rope_theta
-        self.register_buffer("slopes", alibi_slopes(num_heads), persistent=False)
+        # One slope for every head instead of the standard geometric sequence (fpa.tasks.packed
+        # packs independent one-head models as heads). Not a buffer: a non-persistent buffer is not
+        # restored by from_pretrained (transformers builds the model on the meta device).
+        self.alibi_slope_override: float | None = None
+
+    @property
+    def slopes(self) -> Tensor:
+        """ALiBi slopes (H,), float32 on the CPU, computed from the head count on every call."""
+        if self.alibi_slope_override is not None:
+            return torch.full((self.num_heads,), float(self.alibi_slope_override))
+        return alibi_slopes(self.num_heads)
 
     def _attend(self, q, k, v, x, state, offset):
         T = q.shape[2]
@@ -308,7 +318,7 @@ class SoftmaxAttention(AttentionBase):
             allowed = allowed & valid[..., None, :]
         mask = torch.zeros(rel.shape, device=rel.device, dtype=dtype).masked_fill(~allowed, float("-inf"))
         if self.position == "alibi":
-            mask = mask - self.slopes.to(dtype)[:, None, None] * rel.clamp(min=0).to(dtype)
+            mask = mask - self.slopes.to(device=rel.device, dtype=dtype)[:, None, None] * rel.clamp(min=0).to(dtype)
         return mask
 
 

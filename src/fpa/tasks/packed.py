@@ -68,7 +68,7 @@ class PackedModels(nn.Module):
                 # q, k, v, o have nn.Linear's default fan-in init; the scalar heads are N(0, std^2)
                 block_diagonal_(lin, S, rescale=name in ("q_proj", "k_proj", "v_proj", "o_proj"))
         if getattr(self.attn, "position", None) == "alibi":
-            self.attn.slopes.fill_(float(alibi_slopes(1)[0]))
+            self.attn.alibi_slope_override = float(alibi_slopes(1)[0])
         self.readout = nn.Parameter(torch.randn(S, E) / math.sqrt(E))
         self.readout_bias = nn.Parameter(torch.zeros(S))
 

@@ -35,7 +35,7 @@ def _bias(layer: AttentionBase, x: Tensor, T: int, last_only: bool) -> Tensor:
     if isinstance(layer, SoftmaxAttention):
         rel = (torch.arange(T - 1 if last_only else 0, T)[:, None] - torch.arange(T)[None, :]).clamp(min=0).float()
         if layer.position == "alibi":
-            return -layer.slopes.float()[None, :, None, None] * rel
+            return -layer.slopes.to(rel.device)[None, :, None, None] * rel
         return torch.zeros(1, 1, rel.shape[0], T)
     raise ValueError(f"layer must be an fpa.layers attention module, got {type(layer).__name__}")
 
