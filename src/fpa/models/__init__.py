@@ -1,5 +1,6 @@
 """Hugging Face-compatible FPA language models (registered with the Auto classes)."""
 
+import torch
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
 from fpa.models.configuration_fpa import PRESETS, FPAConfig
@@ -17,7 +18,5 @@ def count_parameters(config: FPAConfig) -> int:
         m = FPAForCausalLM(config)
     return sum(p.numel() for p in m.parameters())
 
-
-import torch  # noqa: E402
 
 __all__ = ["PRESETS", "FPACache", "FPAConfig", "FPAForCausalLM", "FPAModel", "count_parameters"]
