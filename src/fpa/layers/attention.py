@@ -144,16 +144,28 @@ class FirstPassageAttention(AttentionBase):
     and zero bias, so field and level are small (|.| ~ field_init_std * ||x||) and the penalties
     dip(i, j) are small: the layer starts close to causal softmax attention without positional
     encoding, with beta = softplus(beta_init) (0.69 for beta_init = 0) and the level offset 0.
+
+    ``field_lr_multiplier`` (default 0.1) is part of the layer's definition: the field heads, the
+    level offset and beta (``field_parameters()``) train at that multiple of the learning rate.
+    Under Adam every parameter moves about lr per step whatever its gradient's size, so at the
+    full rate the per-token increments of a walk grow to +-0.6 within a few hundred steps: a
+    noisy field whose dips swamp attention before the model has learned what to forget (FoX's
+    gate, sigmoid(w x + 5), moves about 150x slower in logit terms). ``fpa.train.parameter_groups``
+    (used by ``fpa train``) builds the optimizer groups; use it in your own training loop too.
     """
 
     def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int | None = None,
                  mode: str = "free", qk_norm: bool = False, output_gate: bool = False,
                  head_dim: int | None = None, level_offset: bool = False, beta_init: float = 0.0,
-                 field_init_std: float = 0.02, backend: str = "auto"):
+                 field_init_std: float = 0.02, field_lr_multiplier: float = 0.1, backend: str = "auto"):
         super().__init__(hidden_size, num_heads, num_kv_heads, head_dim, qk_norm, output_gate)
         if mode not in FPA_MODES:
             raise ValueError(f"mode must be one of {FPA_MODES}, got {mode!r}")
+        if not isinstance(field_lr_multiplier, (int, float)) or isinstance(field_lr_multiplier, bool) \
+                or not 0 < field_lr_multiplier <= 1e3:
+            raise ValueError(f"field_lr_multiplier must be a number in (0, 1000], got {field_lr_multiplier!r}")
         self.mode, self.backend = mode, backend
+        self.field_lr_multiplier = float(field_lr_multiplier)
         if mode == "free":
             self.field_proj = nn.Linear(hidden_size, num_heads)
             self.level_proj = nn.Linear(hidden_size, num_heads)
@@ -170,6 +182,13 @@ class FirstPassageAttention(AttentionBase):
     @property
     def beta(self) -> Tensor:
         return F.softplus(self.beta_param)
+
+    def field_parameters(self) -> list[nn.Parameter]:
+        """The parameters that train at ``field_lr_multiplier`` x the learning rate: the field /
+        level (free) or increment (walk) heads, the level offset and beta."""
+        heads = (self.field_proj, self.level_proj) if self.mode == "free" else (self.increment_proj,)
+        extra = [self.beta_param] + ([self.level_offset] if self.level_offset is not None else [])
+        return [p for lin in heads for p in lin.parameters()] + extra
 
     def cache_info(self) -> LayerInfo:
         return LayerInfo(kind="fpa", groups=self.num_heads // self.num_kv_heads, beta=self.beta.detach(),

@@ -22,6 +22,7 @@ class FPAConfig(PretrainedConfig):
     def __init__(self, vocab_size=1024, hidden_size=128, num_hidden_layers=4, num_attention_heads=4,
                  num_key_value_heads=None, intermediate_size=352, attention="fpa", fpa_mode="free",
                  qk_norm=False, output_gate=False, fpa_level_offset=False, fpa_beta_init=0.0,
+                 fpa_field_lr_multiplier=0.1,
                  fox_fgate_bias_init=5.0, rope_theta=10000.0, rms_norm_eps=1e-6, initializer_range=0.02,
                  tie_word_embeddings=True, **kwargs):
         if num_key_value_heads is None:
@@ -44,6 +45,7 @@ class FPAConfig(PretrainedConfig):
         self.intermediate_size, self.attention, self.fpa_mode = intermediate_size, attention, fpa_mode
         self.qk_norm, self.output_gate, self.fpa_level_offset = qk_norm, output_gate, fpa_level_offset
         self.fpa_beta_init, self.fox_fgate_bias_init, self.rope_theta = fpa_beta_init, fox_fgate_bias_init, rope_theta
+        self.fpa_field_lr_multiplier = fpa_field_lr_multiplier
         self.rms_norm_eps, self.initializer_range = rms_norm_eps, initializer_range
         super().__init__(tie_word_embeddings=tie_word_embeddings, **kwargs)
 
@@ -56,7 +58,8 @@ class FPAConfig(PretrainedConfig):
     def attention_kwargs(self) -> dict:
         kw = dict(qk_norm=self.qk_norm, output_gate=self.output_gate)
         if self.attention == "fpa":
-            kw.update(fpa_mode=self.fpa_mode, level_offset=self.fpa_level_offset, beta_init=self.fpa_beta_init)
+            kw.update(fpa_mode=self.fpa_mode, level_offset=self.fpa_level_offset, beta_init=self.fpa_beta_init,
+                      field_lr_multiplier=self.fpa_field_lr_multiplier)
         elif self.attention == "fox":
             kw.update(fgate_bias_init=self.fox_fgate_bias_init)
         elif self.attention.startswith("softmax"):

@@ -2,5 +2,6 @@
 
 from fpa.train.config import TrainConfig
 from fpa.train.loop import train
+from fpa.train.model_setup import parameter_groups
 
-__all__ = ["TrainConfig", "train"]
+__all__ = ["TrainConfig", "parameter_groups", "train"]

@@ -85,7 +85,7 @@ def _train_step(model, opt, batches: StepBatches, step: int, cfg: TrainConfig, d
     """One optimizer step over the global batch; returns the step's record (loss is the global mean)."""
     lr = lr_at(step, cfg.lr, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio)
     for g in opt.param_groups:
-        g["lr"] = lr
+        g["lr"] = lr * g.get("lr_multiplier", 1.0)
     loss_sum, n_mixed = 0.0, 0
     for a in range(cfg.grad_accum):
         lo = (a * d.world_size + d.rank) * micro

@@ -24,10 +24,25 @@ def build_model(cfg: TrainConfig, vocab_size: int) -> FPAForCausalLM:
     return FPAForCausalLM(model_config(cfg, vocab_size))
 
 
+def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Optimizer parameter groups of a model: weight decay on matrices (>= 2-D parameters) only,
+    and each group's ``lr_multiplier`` (1.0, or a layer's own, e.g. FirstPassageAttention's
+    ``field_lr_multiplier`` for its ``field_parameters()``). The trainer sets each group's lr to
+    ``lr_multiplier * schedule(step)``; in your own loop, do the same."""
+    from fpa.layers.attention import FirstPassageAttention
+
+    multiplier = {}
+    for m in model.modules():
+        if isinstance(m, FirstPassageAttention):
+            multiplier.update({id(p): m.field_lr_multiplier for p in m.field_parameters()})
+    buckets: dict[tuple[bool, float], list] = {}
+    for p in model.parameters():
+        if p.requires_grad:
+            buckets.setdefault((p.dim() >= 2, multiplier.get(id(p), 1.0)), []).append(p)
+    return [{"params": ps, "weight_decay": weight_decay if decay else 0.0, "lr_multiplier": mult}
+            for (decay, mult), ps in sorted(buckets.items(), key=lambda kv: (not kv[0][0], -kv[0][1]))]
+
+
 def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
-    """AdamW; weight decay on matrices (>= 2-D parameters) only, not on norms, biases or scalars."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    decay = [p for p in params if p.dim() >= 2]
-    no_decay = [p for p in params if p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
+    """AdamW over ``parameter_groups(model, cfg.weight_decay)`` (per-group lr multipliers)."""
+    return torch.optim.AdamW(parameter_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
