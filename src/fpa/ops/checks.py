@@ -6,6 +6,8 @@ message naming the argument and what was expected, before any backend runs.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -79,13 +81,15 @@ def check_per_position(name: str, x: Tensor, B: int, H: int, T: int, ref: Tensor
     if tuple(x.shape) != (B, H, T):
         raise ValueError(f"{name} must have shape (B, Hq, T) = ({B}, {H}, {T}), got {tuple(x.shape)}")
     check_same_device({"q": ref, name: x})
-    check_no_nan(name, x)
 
 
-def beta_per_head(beta: float | Tensor, Hq: int, device: torch.device) -> Tensor:
-    """Turn beta (a float, or a tensor broadcastable to (Hq,)) into a float32/64 (Hq,) tensor.
+def beta_per_head(beta: float | Tensor, Hq: int, device: torch.device, dtype: torch.dtype = torch.float32) -> Tensor:
+    """Turn beta (a float, or a tensor broadcastable to (Hq,)) into an (Hq,) tensor.
 
-    The broadcast is done with differentiable ops, so a learned beta gets its gradient.
+    A Python float becomes a tensor of `dtype` (the math dtype: float64 for float64 inputs, so
+    it is not rounded to float32). A tensor keeps float64 if it is float64, else float32. The
+    broadcast is done with differentiable ops, so a learned beta gets its gradient. The VALUES
+    of a tensor beta (finite, >= 0) are checked in check_values, not here (that needs a sync).
     """
     if isinstance(beta, bool) or not isinstance(beta, (int, float, Tensor)):
         raise TypeError(f"beta must be a float or a tensor broadcastable to (Hq,), got {type(beta).__name__}")
@@ -98,13 +102,71 @@ def beta_per_head(beta: float | Tensor, Hq: int, device: torch.device) -> Tensor
             b = torch.broadcast_to(beta, (Hq,))
         except RuntimeError:
             raise ValueError(f"beta must be broadcastable to (Hq,) = ({Hq},), got shape {tuple(beta.shape)}") from None
-        bad = ~torch.isfinite(b) | (b < 0)
-        if bad.any():
-            raise ValueError("beta must be finite and >= 0 for every head")
         return b.to(torch.float64 if beta.dtype == torch.float64 else torch.float32)
     if not (beta >= 0 and beta < float("inf")):
         raise ValueError(f"beta must be finite and >= 0, got {beta}")
-    return torch.full((Hq,), float(beta), device=device, dtype=torch.float32)
+    return torch.full((Hq,), float(beta), device=device, dtype=dtype)
+
+
+def _minmax(x: Tensor) -> tuple[Tensor, Tensor]:
+    """(min, max) of x as float64 scalars; NaN if x holds a NaN. x must be non-empty."""
+    lo, hi = torch.aminmax(x.detach())
+    return lo.double(), hi.double()
+
+
+def check_values(
+    dt: torch.dtype,
+    scale: float,
+    tensors: dict[str, Tensor],
+    *,
+    no_inf: tuple[str, ...] = (),
+    plus_inf_ok: tuple[str, ...] = (),
+    nonneg: tuple[str, ...] = (),
+    nonpos: tuple[str, ...] = (),
+) -> dict[str, tuple[float, float]]:
+    """Value checks that cost one reduction per tensor and ONE host sync in all.
+
+    tensors: name -> tensor (empty ones are skipped). Every tensor must be free of NaN; those in
+    `no_inf` free of +-inf; those in `plus_inf_ok` may hold +inf but not -inf; `nonneg` >= 0,
+    `nonpos` <= 0. Then the logits are bounded: |scale| * D * max|q| * max|k| must stay below
+    half the largest value of the math dtype `dt` (so scores minus their row max cannot
+    overflow), and Tk * max|v| below its largest value (the unnormalised p @ v sums).
+    Raises ValueError naming the argument, what was expected and what came.
+    Returns name -> (min, max) for the caller's own range checks.
+    """
+    names = [n for n, x in tensors.items() if x.numel() > 0]
+    if not names:
+        return {}
+    stats = torch.stack([s for n in names for s in _minmax(tensors[n])]).tolist()  # the one sync
+    mm = {n: (stats[2 * i], stats[2 * i + 1]) for i, n in enumerate(names)}
+    for n, (lo, hi) in mm.items():
+        if math.isnan(lo) or math.isnan(hi):
+            raise ValueError(f"{n} contains NaN (expected finite values)")
+        if n in no_inf and (math.isinf(lo) or math.isinf(hi)):
+            raise ValueError(f"{n} must be finite, got a value of {lo if math.isinf(lo) else hi}")
+        if n in plus_inf_ok and lo == -math.inf:
+            raise ValueError(f"{n} must not be -inf (it is a minimum of a finite field, or +inf), got -inf")
+        if n in nonneg and lo < 0:
+            raise ValueError(f"{n} must be >= 0 everywhere, got a minimum of {lo}")
+        if n in nonpos and hi > 0:
+            raise ValueError(f"{n} must be <= 0 everywhere, got a maximum of {hi}")
+    big = torch.finfo(dt).max
+    if "q" in mm and "k" in mm:
+        D = tensors["q"].shape[-1]
+        aq = max(abs(x) for x in mm["q"])
+        ak = max(abs(x) for x in mm["k"])
+        if abs(scale) * D * aq * ak >= big / 2:
+            raise ValueError(
+                f"q and k are too large for {dt}: |scale| * D * max|q| * max|k| = "
+                f"{abs(scale) * D * aq * ak:.3g} may overflow the logits (limit {big / 2:.3g}); rescale them"
+                + ("" if dt == torch.float64 else " or pass float64 inputs")
+            )
+    if "v" in mm:
+        av = max(abs(x) for x in mm["v"])
+        Tk = tensors["v"].shape[-2]
+        if Tk * av >= big:
+            raise ValueError(f"v is too large for {dt}: Tk * max|v| = {Tk * av:.3g} may overflow (limit {big:.3g})")
+    return mm
 
 
 def check_scale(scale: float | None, D: int) -> float:

@@ -71,12 +71,35 @@ def _check_skip_tolerance(tol: float | None) -> None:
         raise ValueError(f"skip_tolerance must be None or a float in (0, 1), got {tol!r}")
 
 
-def _empty_output(q: Tensor, v: Tensor) -> Tensor:
+def _empty_output(q: Tensor, v: Tensor, inputs: tuple[Tensor, ...]) -> Tensor:
+    """Zeros (B, Hq, Tq, Dv) for a call with nothing to compute (B, Hq, Tq or Dv is 0).
+
+    Connected to every input that requires grad, so backward gives each of them a zero
+    gradient of its own shape (instead of "One of the differentiated Tensors appears to not
+    have been used in the graph").
+    """
     B, Hq, Tq, _ = q.shape
     out = q.new_zeros(B, Hq, Tq, v.shape[-1])
-    if q.requires_grad or v.requires_grad:
-        out = out + 0.0 * (q.sum() + v.sum())
+    for x in inputs:
+        if x.requires_grad:
+            out = out + (x * 0).sum().to(out.dtype)
     return out
+
+
+def _check_dip_range(mm: dict[str, tuple[float, float]], dt: torch.dtype) -> None:
+    """max(level) - min(field, past_min) must be finite in dt (else 0 * inf = NaN at beta = 0)."""
+    if "level" not in mm:
+        return
+    lows = [mm[n][0] for n in ("field", "past_min") if n in mm and mm[n][0] != float("inf")]
+    if not lows:
+        return
+    span = mm["level"][1] - min(lows)
+    if span >= torch.finfo(dt).max:
+        raise ValueError(
+            f"field and level are too far apart for {dt}: max(level) - min(field) = {span:.3g} overflows "
+            f"(limit {torch.finfo(dt).max:.3g}); rescale them"
+            + ("" if dt == torch.float64 else " or pass float64 inputs")
+        )
 
 
 def first_passage_attention(
@@ -92,6 +115,7 @@ def first_passage_attention(
     past_min: Tensor | None = None,
     chunk_size: int | None = None,
     skip_tolerance: float | None = None,
+    check_inputs: bool = True,
 ) -> Tensor:
     """First Passage Attention, causal: o_i = sum_j softmax_j(scale <q_i, k_j> - beta * dip(i, j)) v_j.
 
@@ -105,6 +129,7 @@ def first_passage_attention(
             query positions only.
         level: (B, Hq, Tk), one scalar per key.
         beta: penalty strength >= 0, a float or a tensor broadcastable to (Hq,); differentiable.
+            A Python float is used in the math dtype (float64 for float64 inputs, not rounded).
         scale: logit scale, default 1 / sqrt(D).
         backend: "auto", "reference", "chunked", "flex" or "triton". "auto" picks triton, then
             flex on CUDA, and chunked on CPU. An explicit backend that cannot run raises a
@@ -118,10 +143,33 @@ def first_passage_attention(
             together carry less than eps of the softmax weight (each output entry off by at most
             2 * eps * max|v|; see fpa.ops.fpa.triton). The other backends are exact, which is
             within any tolerance, and ignore it.
+        check_inputs: True (default): also check the VALUES (one reduction per tensor and one
+            host sync in all): q, k, v, field, level finite; past_min not NaN or -inf; a tensor
+            beta finite and >= 0; and the magnitudes bounded so that nothing overflows the math
+            dtype (logits: |scale| * D * max|q| * max|k| < max/2; max(level) - min(field) < max;
+            Tk * max|v| < max). False skips every check that costs a reduction or a host sync
+            (for torch.compile and inner loops whose inputs are known good); shapes, dtypes,
+            devices and Python arguments are still checked (free). Bad values then give NaN.
 
     Returns:
         (B, Hq, Tq, Dv) in q's dtype. Field minima and softmax are computed in float32
-        (float64 for float64 inputs).
+        (float64 for float64 inputs). When B, Hq, Tq or Dv is 0 the result is an empty tensor
+        of that shape, and backward gives every input requiring grad a zero gradient.
+
+    Raises:
+        TypeError for wrong types/dtypes, ValueError for wrong shapes, devices or values; each
+        message names the argument, what was expected and what came. All before any work.
+
+    Gradient conventions (every backend): at dip exactly 0 (level[j] equal to the field's
+    minimum over (j, i]) the penalty max(0, .) has gradient 0, like torch.relu: such a key sends
+    no gradient to field, level or beta through that entry. (So on fox_as_fpa's field, where a
+    forget gate of exactly 1 makes the dip exactly 0, the log-gate gradient differs from FoX's.)
+    Where several positions t in (j, i] tie for the minimum, the field gradient of that entry goes
+    to ONE of them: "reference" and "chunked" use the LATEST tied position t for keys inside the
+    same query chunk / everywhere in the reference; "chunked" uses, for a key before the chunk
+    [r0, r1), the latest tied position in [r0, i] if the minimum is attained there, else the
+    EARLIEST tied position in (j, r0) (else past_min); triton takes the earliest within its tiles.
+    Each is a valid subgradient; tests/ops/test_oracle.py checks them per position.
     """
     B, Hq, Hkv, Tq, Tk, D = checks.check_qkv(q, k, v)
     P = Tk - Tq
@@ -131,20 +179,30 @@ def first_passage_attention(
     else:
         checks.check_per_position("field", field, B, Hq, Tq, q)
         checks.check_per_position("past_min", past_min, B, Hq, P, q)
-        if (past_min == float("-inf")).any():
-            raise ValueError("past_min must not be -inf (it is a minimum of a finite field, or +inf)")
-    for name, x in (("field", field), ("level", level)):
-        if not torch.isfinite(x).all():
-            raise ValueError(f"{name} must be finite (no inf)")
-    betas = checks.beta_per_head(beta, Hq, q.device)
+    if not isinstance(check_inputs, bool):
+        raise TypeError(f"check_inputs must be a bool, got {type(check_inputs).__name__}")
+    dt = checks.math_dtype(q, field, level)
+    betas = checks.beta_per_head(beta, Hq, q.device, dt)
     scale = checks.check_scale(scale, D)
     _check_skip_tolerance(skip_tolerance)
     if backend not in FPA_BACKENDS:
         raise ValueError(f"backend must be one of {FPA_BACKENDS}, got {backend!r}")
-    if Tq == 0:
-        return _empty_output(q, v)
+    chunk = _check_chunk(chunk_size, FPA_CHUNK)
+    if check_inputs:
+        named = {"q": q, "k": k, "v": v, "field": field, "level": level}
+        if past_min is not None:
+            named["past_min"] = past_min
+        if isinstance(beta, Tensor):
+            named["beta"] = betas
+        mm = checks.check_values(
+            dt, scale, named, no_inf=("q", "k", "v", "field", "level", "beta"),
+            plus_inf_ok=("past_min",), nonneg=("beta",),
+        )
+        _check_dip_range(mm, dt)
 
     tensors = (q, k, v, field, level, betas) + (() if past_min is None else (past_min,))
+    if B == 0 or Tq == 0 or v.shape[-1] == 0:
+        return _empty_output(q, v, tensors if isinstance(beta, Tensor) else tensors[:5] + tensors[6:])
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
     if backend == "auto":
         backend = _pick_auto(q, needs_grad)
@@ -159,7 +217,7 @@ def first_passage_attention(
         past_min = past_min_from_field(field[..., :P])
         field = field[..., P:]
     if backend == "chunked":
-        return fpa_chunked(q, k, v, field, level, past_min, betas, scale, _check_chunk(chunk_size, FPA_CHUNK))
+        return fpa_chunked(q, k, v, field, level, past_min, betas, scale, chunk)
     if backend == "flex":
         from fpa.ops.fpa.flex import fpa_flex
 
@@ -176,24 +234,40 @@ def forgetting_attention(
     scale: float | None = None,
     backend: str = "auto",
     chunk_size: int | None = None,
+    check_inputs: bool = True,
 ) -> Tensor:
     """FoX: o_i = sum_j softmax_j(scale <q_i, k_j> + sum_{j<u<=i} log f_u) v_j, causal.
 
     q (B, Hq, Tq, D) at the last Tq positions; k, v (B, Hkv, Tk, *); log_fgate (B, Hq, Tk) <= 0.
-    backend: "auto" (= "chunked"), "reference" or "chunked". Returns (B, Hq, Tq, Dv).
-    By P2 this equals first_passage_attention on fox_as_fpa(log_fgate) with beta = 1.
+    backend: "auto" (= "chunked"), "reference" or "chunked". Returns (B, Hq, Tq, Dv); empty
+    (with zero gradients) when B, Hq, Tq or Dv is 0.
+    check_inputs: True (default) checks the values (one reduction per tensor, one host sync):
+    q, k, v, log_fgate finite, log_fgate <= 0, and magnitudes that cannot overflow the math
+    dtype (see first_passage_attention; also Tk * max|log_fgate| < max). False skips them.
+    By P2 this equals first_passage_attention on fox_as_fpa(log_fgate) with beta = 1 (values;
+    the log-gate gradient differs where log f == 0 exactly, see first_passage_attention).
     """
     B, Hq, Hkv, Tq, Tk, D = checks.check_qkv(q, k, v)
     checks.check_per_position("log_fgate", log_fgate, B, Hq, Tk, q)
-    if not torch.isfinite(log_fgate).all():
-        raise ValueError("log_fgate must be finite (a forget gate of exactly 0 is not allowed)")
-    if (log_fgate > 0).any():
-        raise ValueError("log_fgate must be <= 0 (the log of a forget gate in (0, 1])")
+    if not isinstance(check_inputs, bool):
+        raise TypeError(f"check_inputs must be a bool, got {type(check_inputs).__name__}")
     scale = checks.check_scale(scale, D)
     if backend not in FOX_BACKENDS:
         raise ValueError(f"backend must be one of {FOX_BACKENDS}, got {backend!r}")
-    if Tq == 0:
-        return _empty_output(q, v)
+    chunk = _check_chunk(chunk_size, FOX_CHUNK)
+    dt = checks.math_dtype(q, log_fgate)
+    if check_inputs:
+        mm = checks.check_values(
+            dt, scale, {"q": q, "k": k, "v": v, "log_fgate": log_fgate},
+            no_inf=("q", "k", "v", "log_fgate"), nonpos=("log_fgate",),
+        )
+        if "log_fgate" in mm and Tk * -mm["log_fgate"][0] >= torch.finfo(dt).max / 2:
+            raise ValueError(
+                f"log_fgate is too negative for {dt}: its cumulative sum may overflow "
+                f"(Tk * min(log_fgate) = {Tk * mm['log_fgate'][0]:.3g}, limit {-torch.finfo(dt).max / 2:.3g}); clamp it"
+            )
+    if B == 0 or Tq == 0 or v.shape[-1] == 0:
+        return _empty_output(q, v, (q, k, v, log_fgate))
     if backend == "reference":
         return fox_reference(q, k, v, log_fgate, scale)
-    return fox_chunked(q, k, v, log_fgate, scale, _check_chunk(chunk_size, FOX_CHUNK))
+    return fox_chunked(q, k, v, log_fgate, scale, chunk)
