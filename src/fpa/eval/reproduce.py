@@ -1,9 +1,11 @@
-"""``fpa reproduce``: train the five methods with identical budgets, evaluate them, write the report.
+"""``fpa reproduce``: train every method on every seed with identical budgets, evaluate, report.
 
-Stages (each resumable, see fpa.eval.stages): config, data, train-<method> (the trainer resumes
-from its own checkpoints), loss-<method>, passkey-<method>, cache-<method>-<percent>, example,
-then results.json, report.md, the PNGs and README-snippet.md are rewritten from the stage outputs.
-Under torchrun (WORLD_SIZE > 1) every rank trains; rank 0 alone evaluates and writes.
+Stages (each resumable, see fpa.eval.stages): config, data, train-<method>-s<seed> (the trainer
+resumes from its own checkpoints), loss-/passkey-<method>-s<seed>, curve-<method>-s<seed>-<policy>
+(accuracy against kept fraction under one KV-cache policy), example-<fpa method>; then
+results.json, report.md, the PNGs and README-snippet.md are rewritten from the stage outputs.
+``jobs`` > 1 runs independent stages in that many worker processes (fpa.eval.pool).
+Under torchrun (WORLD_SIZE > 1) every rank trains, one stage at a time; rank 0 alone evaluates.
 """
 
 from __future__ import annotations
@@ -15,16 +17,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fpa.data.atomic import atomic_write_text
-from fpa.eval.presets import METHODS, ReproducePreset
+from fpa.eval.presets import ABLATIONS, METHODS, ReproducePreset
 from fpa.eval.stages import Stages, read_json
 
 
 def _is_main() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
-
-
-def _distributed() -> bool:
-    return int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
 def _wait_for(stages: Stages, name: str, poll_s: float = 2.0) -> None:
@@ -35,15 +33,56 @@ def _wait_for(stages: Stages, name: str, poll_s: float = 2.0) -> None:
         time.sleep(poll_s)
 
 
-def _train_config(p: ReproducePreset, out: Path, data_dir: Path, attention: str, mode: str, progress: bool):
+def runs_of(p: ReproducePreset, methods: tuple[str, ...] | None, seeds: tuple[int, ...]) -> list[dict]:
+    """Every (method, seed) run: {"name", "attention", "mode", "overrides", "seed", "ablation"}.
+    The METHODS on ``seeds``; the ABLATIONS on the preset's ablation seeds (those in ``seeds``)."""
+    known = [m[0] for m in METHODS] + [a[0] for a in ABLATIONS]
+    if methods is not None:
+        bad = sorted(set(methods) - set(known))
+        if bad or not methods:
+            raise ValueError(f"methods must name some of {known}, got {list(methods)!r}")
+    runs = []
+    for name, attention, mode in METHODS:
+        if methods is None or name in methods:
+            runs += [dict(name=name, attention=attention, mode=mode, overrides={}, seed=s, ablation=False)
+                     for s in seeds]
+    for name, attention, mode, over in ABLATIONS:
+        if methods is None or name in methods:
+            runs += [dict(name=name, attention=attention, mode=mode, overrides=over, seed=s, ablation=True)
+                     for s in p.ablation_seeds if methods is not None or s in seeds]
+    return sorted(runs, key=lambda r: (r["ablation"], r["seed"]))  # seed by seed: the first seed is the control
+
+
+def run_id(run: dict) -> str:
+    return f"{run['name']}-s{run['seed']}"
+
+
+def _train_config(p: ReproducePreset, out: Path, data_dir: Path, run: dict, progress: bool):
     from fpa.train import TrainConfig
 
     return TrainConfig(
-        out_dir=str(out), data_dir=str(data_dir), preset=p.model_preset, attention=attention,
-        fpa_mode=mode, model_overrides=dict(p.model_overrides), seq_len=p.train_len, batch_size=p.batch_size,
-        grad_accum=p.grad_accum, steps=p.steps, lr=p.lr, warmup_steps=p.warmup_steps, seed=p.seed,
-        ckpt_every=max(1, p.steps // 4), eval_every=p.steps, log_every=max(1, p.steps // 20), device=p.device,
-        mix_task="passkey", mix_rate=p.mix_rate, progress=progress, tokenizer=p.tokenizer)
+        out_dir=str(out), data_dir=str(data_dir), preset=p.model_preset, attention=run["attention"],
+        fpa_mode=run["mode"], model_overrides={**p.model_overrides, **run["overrides"]}, seq_len=p.train_len,
+        batch_size=p.batch_size, grad_accum=p.grad_accum, steps=p.steps, lr=p.lr, warmup_steps=p.warmup_steps,
+        seed=run["seed"], ckpt_every=max(1, p.steps // 4), eval_every=p.eval_every or p.steps,
+        log_every=max(1, p.steps // 20), device=p.device, mix_task="passkey", mix_rate=p.mix_rate,
+        progress=progress, tokenizer=p.tokenizer)
+
+
+def train_stage(cfg_dict: dict) -> dict:
+    """Worker entry point: train one run from its TrainConfig as a dict; the training summary
+    plus the answer-loss learning curve read from its metrics."""
+    from fpa.train import TrainConfig, train
+
+    summary = train(TrainConfig(**cfg_dict))
+    curve = []
+    metrics = Path(summary["metrics"])
+    if metrics.is_file():
+        for line in metrics.read_text().splitlines():
+            rec = json.loads(line)
+            if "task_loss" in rec:
+                curve.append({"step": rec["step"], "task_loss": rec["task_loss"], "val_loss": rec.get("val_loss")})
+    return {**summary, "task_loss_curve": curve}
 
 
 def load_model(model_dir: Path, device: str):
@@ -58,46 +97,59 @@ def load_model(model_dir: Path, device: str):
     return model, load_tokenizer(model_dir)
 
 
-def evaluate_method(stages: Stages, p: ReproducePreset, name: str, attention: str, model_dir: Path,
-                    data_dir: Path, progress: bool) -> dict:
-    """Loss, full-cache passkey grid and cache-policy grids of one trained model (each a stage)."""
-    from fpa.eval.kv import policy_grids
+def eval_stage(kind: str, p_dict: dict, model_dir: str, data_dir: str, policy: str | None = None) -> dict:
+    """Worker entry point: one evaluation of one trained model. ``kind``: "loss", "passkey" (full
+    cache, every length) or "curve" (``policy``: "full", a threshold rule "fpa"/"fox" swept over
+    the preset's thresholds, or a budget policy swept over its kept fractions)."""
+    from fpa.eval.curves import policy_curve
     from fpa.eval.loss import heldout_loss
     from fpa.eval.passkey import passkey_grid
 
-    model, tok = load_model(model_dir, p.device)
+    p = ReproducePreset(**{k: tuple(v) if isinstance(v, list) else v for k, v in p_dict.items()})
+    model, tok = load_model(Path(model_dir), p.device)
     L = p.train_len
-
-    def loss():
-        return heldout_loss(model, data_dir, L, p.loss_multiple, p.loss_windows, progress)
-
-    def passkey():
+    if kind == "loss":
+        return heldout_loss(model, data_dir, L, p.loss_multiple, p.loss_windows, progress=False)
+    if kind == "passkey":
         return passkey_grid(model, tok, [L * m for m in p.passkey_multiples], p.depths, p.trials, seed=p.seed,
-                            chunk_size=p.chunk_size, batch_size=p.trials, progress=progress, desc=f"passkey {name}")
+                            chunk_size=p.chunk_size, batch_size=p.trials, progress=False)
+    if kind == "curve":
+        return {"points": policy_curve(model, tok, policy, p.train_len, p.cache_multiples, p.cache_depths,
+                                       p.cache_trials, p.cache_thresholds, p.fractions, p.chunk_size, p.seed)}
+    raise ValueError(f"kind must be loss, passkey or curve, got {kind!r}")
 
-    def cache(fraction: float):
-        return lambda: policy_grids(model, attention, tok, [L * m for m in p.cache_multiples], p.cache_depths,
-                                    p.cache_trials, fraction, p.chunk_size, p.calib_prompts, p.seed, progress,
-                                    desc=f"{name} ")
 
-    res = {"loss": stages.run(f"loss-{name}", loss), "passkey": stages.run(f"passkey-{name}", passkey), "cache": {}}
-    for f in p.fractions:
-        res["cache"][str(f)] = stages.run(f"cache-{name}-{round(100 * f)}", cache(f))
-    return res
+def curve_policies(p: ReproducePreset, run: dict) -> list[str]:
+    """The cache policies evaluated on a run: the full cache and the model's own threshold rule
+    (FPA, FoX) on every non-ablation run; the budget policies on the preset's ``budget_methods``."""
+    from fpa.eval.kv import BUDGET_POLICIES, THRESHOLD_POLICIES
+
+    if run["ablation"]:
+        return []
+    own = [THRESHOLD_POLICIES[run["attention"]]] if run["attention"] in THRESHOLD_POLICIES else []
+    budget = list(BUDGET_POLICIES) if run["name"] in p.budget_methods else []
+    return (["full"] + own + budget) if (own or budget) else []
 
 
 def reproduce(p: ReproducePreset, out_dir: str | Path, progress: bool = True,
-              methods: tuple[str, ...] | None = None, log: Callable[[str], None] = print) -> dict:
-    """Run (or resume) every stage of preset ``p`` in ``out_dir``; returns the results dict."""
+              methods: tuple[str, ...] | None = None, log: Callable[[str], None] = print,
+              seeds: tuple[int, ...] | None = None, jobs: int = 1, stop_after: str | None = None) -> dict:
+    """Run (or resume) every stage of preset ``p`` in ``out_dir``; returns the results dict
+    ({} when ``stop_after="train"`` stops it after the training stages)."""
     from fpa.data import prepare_corpus
-    from fpa.eval.example import passkey_example
-    from fpa.eval.report import write_report
-    from fpa.train import train
+    from fpa.eval.pool import run_tasks
+
+    if stop_after not in (None, "train"):
+        raise ValueError(f"stop_after must be None or 'train', got {stop_after!r}")
 
     out = Path(out_dir)
-    chosen = [m for m in METHODS if methods is None or m[0] in methods]
-    if not chosen:
-        raise ValueError(f"methods must name some of {[m[0] for m in METHODS]}, got {methods!r}")
+    seeds = tuple(p.seeds if seeds is None else seeds)
+    if not seeds or any(not isinstance(s, int) or s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds must be distinct non-negative ints, got {seeds!r}")
+    runs = runs_of(p, methods, seeds)
+    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    if distributed and jobs > 1:
+        raise ValueError("jobs > 1 is for one machine; under torchrun the ranks already share the training")
     stages = Stages(out, log=log, write=_is_main())
     if _is_main():  # the corpus and the trained models stay out of git; the report and results go in
         atomic_write_text(out / ".gitignore", "data/\nmodels/\n")
@@ -111,23 +163,32 @@ def reproduce(p: ReproducePreset, out_dir: str | Path, progress: bool = True,
                                                                    max_bytes=p.corpus_max_bytes, seed=p.seed))})
     else:  # torchrun: rank 0 prepares the corpus, the others wait for it
         _wait_for(stages, "data")
-    trained = {}
-    for name, attention, mode in chosen:
-        tcfg = _train_config(p, out / "models" / name, data_dir, attention, mode, progress)
-        trained[name] = stages.run(f"train-{name}", lambda tcfg=tcfg: train(tcfg))
-    if not _is_main():
+    quiet = progress and jobs == 1
+    train_tasks = [(f"train-{run_id(r)}", train_stage,
+                    (_train_config(p, out / "models" / run_id(r), data_dir, r, quiet).to_dict(),)) for r in runs]
+    trained = run_tasks(stages, train_tasks, jobs, progress, desc="train")
+    if not _is_main() or stop_after == "train":
         return {}
-    results = {"preset": p.to_dict(), "train_len": p.train_len, "methods": {}}
-    for name, attention, mode in chosen:
-        ev = evaluate_method(stages, p, name, attention, Path(trained[name]["model_dir"]), data_dir, progress)
-        results["methods"][name] = {"attention": attention, "fpa_mode": mode if attention == "fpa" else None,
-                                    "train": trained[name], **ev}
+    from fpa.eval.aggregate import aggregate
+    from fpa.eval.example import passkey_example
+    from fpa.eval.report import write_report
+
+    p_dict = p.to_dict()
+    eval_tasks = []
+    for r in runs:
+        model_dir, rid = trained[f"train-{run_id(r)}"]["model_dir"], run_id(r)
+        eval_tasks += [(f"loss-{rid}", eval_stage, ("loss", p_dict, model_dir, str(data_dir))),
+                       (f"passkey-{rid}", eval_stage, ("passkey", p_dict, model_dir, str(data_dir)))]
+        eval_tasks += [(f"curve-{rid}-{pol}", eval_stage, ("curve", p_dict, model_dir, str(data_dir), pol))
+                       for pol in curve_policies(p, r)]
+    evaluated = run_tasks(stages, eval_tasks, jobs, progress, desc="evaluate")
     examples = {}
-    for name, attention, _ in chosen:
-        if attention == "fpa":
-            model, tok = load_model(Path(trained[name]["model_dir"]), p.device)
-            examples[name] = stages.run(f"example-{name}", lambda model=model, tok=tok: passkey_example(
+    for r in runs:
+        if r["attention"] == "fpa" and not r["ablation"] and r["seed"] == seeds[0]:
+            model, tok = load_model(Path(trained[f"train-{run_id(r)}"]["model_dir"]), p.device)
+            examples[r["name"]] = stages.run(f"example-{r['name']}", lambda model=model, tok=tok: passkey_example(
                 model, tok, p.train_len * p.example_multiple, 0.5, seed=p.seed))
+    results = aggregate(p, runs, trained, evaluated, run_id, curve_policies)
     results["examples"] = examples
     results["seconds"] = stages.seconds()
     write_report(results, out)

@@ -46,7 +46,11 @@ class Stages:
         self.log(f"[stage] {name} ...")
         t0 = time.perf_counter()
         out = fn()
-        seconds = time.perf_counter() - t0
+        return self.record(name, out, time.perf_counter() - t0)
+
+    def record(self, name: str, out: dict, seconds: float) -> dict:
+        """Save the output of stage ``name`` (computed elsewhere, e.g. in a worker process) and mark
+        it done; returns ``out``."""
         if not self.write:
             return out
         write_json(self.output_path(name), out)

@@ -10,6 +10,22 @@ TASK_MIXERS = {
     "passkey": "fpa.tasks.passkey:passkey_training_sample",
 }
 
+# Task probes: "module:function" with f(model, tokenizer, seq_len, device=...) -> float, a loss on
+# fixed task samples that the trainer logs as ``task_loss`` at every evaluation.
+TASK_PROBES = {
+    "passkey": "fpa.tasks.passkey:answer_loss",
+}
+
+
+def get_probe(name: str):
+    """The task probe registered as ``name`` in TASK_PROBES, or None."""
+    import importlib
+
+    if name not in TASK_PROBES:
+        return None
+    module, func = TASK_PROBES[name].split(":")
+    return getattr(importlib.import_module(module), func)
+
 
 def get_mixer(name: str):
     """The task-sample generator registered as ``name`` in TASK_MIXERS."""

@@ -145,3 +145,32 @@ def is_correct(text: str, key: str) -> bool:
 def max_answer_tokens(tokenizer, n_digits: int = DEFAULT_DIGITS) -> int:
     """Tokens to generate: the answer's length plus one, so an extra digit is seen and scored."""
     return len(answer_tokens(tokenizer, "0" * n_digits)) + 1
+
+
+def answer_loss(model, tokenizer, seq_len: int, n: int = 32, seed: int = 20261203, device=None) -> float:
+    """Mean next-token loss on the answer " N" of ``n`` fixed passkey training samples of ``seq_len``
+    tokens (``passkey_training_sample`` with seeds ``[seed, i]``): the learning curve of the task
+    itself. With the byte tokenizer the answer is a space and 5 digits, so a model that has not
+    learned to copy sits near (5/6) ln 10 = 1.92 (the space is easy), and one that copies near 0."""
+    import torch
+
+    rows, spans = [], []
+    for i in range(n):
+        ids = passkey_training_sample(np.random.default_rng([seed, i]), seq_len, tokenizer)
+        key_tail = len(_encode(tokenizer, "."))
+        n_ans = len(answer_tokens(tokenizer, "0" * DEFAULT_DIGITS))
+        end = len(ids) - key_tail  # the answer tokens are ids[end - n_ans: end]
+        rows.append(ids)
+        spans.append((end - n_ans, end))
+    x = torch.from_numpy(np.stack(rows))
+    if device is not None:
+        x = x.to(device)
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        tok = model(input_ids=x, labels=x, return_per_token_loss=True).per_token_loss.float()  # (n, T)
+    if was_training:
+        model.train()
+    # per_token_loss[:, t] is the loss of predicting ids[t + 1]
+    picked = torch.stack([tok[r, a - 1: b - 1] for r, (a, b) in enumerate(spans)])
+    return float(picked.mean())

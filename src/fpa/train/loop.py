@@ -172,6 +172,11 @@ def _run(cfg: TrainConfig, d: D.Dist, on_step) -> dict:
     batches = StepBatches(train_shards, cfg.seq_len, cfg.batch_size, cfg.seed, _mixer(cfg), cfg.mix_rate, tok)
     eval_windows(val_shards, cfg.seq_len, 1)  # fail now, not at the first eval, if val is too short
 
+    probe = None
+    if cfg.mix_task and cfg.mix_rate > 0:
+        from fpa.tasks import get_probe
+
+        probe = get_probe(cfg.mix_task)
     model = build_model(cfg, tok.vocab_size).to(d.device)
     model = D.wrap(model, d)
     opt = build_optimizer(model, cfg)
@@ -199,6 +204,8 @@ def _run(cfg: TrainConfig, d: D.Dist, on_step) -> dict:
         if done % cfg.eval_every == 0 or done == cfg.steps:
             val_loss = evaluate(model, val_shards, cfg, d, micro)
             rec["val_loss"] = val_loss
+            if probe is not None:  # every rank runs it (an FSDP forward needs all of them)
+                rec["task_loss"] = probe(model, tok, cfg.seq_len, device=d.device)
         if log is not None and (done % cfg.log_every == 0 or done == cfg.steps or "val_loss" in rec):
             log.log(rec)
         if bar is not None:

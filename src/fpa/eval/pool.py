@@ -1,0 +1,75 @@
+"""Run many independent pipeline stages, in this process or in a pool of worker processes.
+
+Each task is ``(stage name, function, args)`` with a module-level ``function(*args) -> dict``
+(picklable, so it can run in a worker). Only the parent process records finished stages
+(``Stages.record``), so the state file has one writer. Workers start with the ``spawn`` method
+and ``os.cpu_count() // jobs`` torch threads each.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
+from multiprocessing import get_context
+
+from fpa.eval.stages import Stages
+
+Task = tuple[str, Callable[..., dict], tuple]
+
+
+def _init_worker(threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+def _timed(fn: Callable[..., dict], args: tuple) -> tuple[dict, float]:
+    t0 = time.perf_counter()
+    out = fn(*args)
+    return out, time.perf_counter() - t0
+
+
+def run_tasks(stages: Stages, tasks: Sequence[Task], jobs: int = 1, progress: bool = True,
+              desc: str = "stages") -> dict[str, dict]:
+    """{stage name: output} for every task; finished stages are read back, the others run, in
+    order of ``tasks``, ``jobs`` at a time (``jobs`` = 1: in this process)."""
+    if not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"jobs must be a positive int, got {jobs!r}")
+    names = [t[0] for t in tasks]
+    if len(set(names)) != len(names):
+        raise ValueError(f"stage names must be unique, got duplicates in {names}")
+    out = {name: stages.run(name, lambda: None) for name, _, _ in tasks if stages.done(name)}
+    todo = [t for t in tasks if t[0] not in out]
+    if not todo:
+        return out
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=len(todo), desc=desc, disable=not progress, dynamic_ncols=True)
+    if jobs == 1:
+        for name, fn, args in todo:
+            bar.set_postfix_str(name)
+            out[name] = stages.run(name, lambda fn=fn, args=args: fn(*args))
+            bar.update(1)
+        bar.close()
+        return out
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn"), initializer=_init_worker,
+                             initargs=(threads,)) as ex:
+        futures = {ex.submit(_timed, fn, args): name for name, fn, args in todo}
+        pending = set(futures)
+        while pending:
+            done, pending = wait(pending, return_when=FIRST_EXCEPTION)
+            for f in done:
+                name = futures[f]
+                if f.exception() is not None:
+                    for p in pending:
+                        p.cancel()
+                    bar.close()
+                    raise RuntimeError(f"stage {name} failed: {f.exception()!r}") from f.exception()
+                result, seconds = f.result()
+                out[name] = stages.record(name, result, seconds)
+                bar.update(1)
+    bar.close()
+    return out
