@@ -23,7 +23,8 @@ def _training_info(model_dir: Path) -> dict:
 
 
 def run_eval(args) -> int:
-    from fpa.eval.kv import policy_grids
+    from fpa.eval.curves import policy_curve
+    from fpa.eval.kv import policies_for
     from fpa.eval.loss import heldout_loss
     from fpa.eval.passkey import passkey_grid
     from fpa.eval.reproduce import load_model
@@ -55,13 +56,14 @@ def run_eval(args) -> int:
                                       chunk_size=args.chunk_size, batch_size=args.trials, progress=progress)
         print("passkey accuracy by length:", dict(zip(lengths, res["passkey"]["accuracy_by_length"])))
     if "cache" in args.what:
-        res["cache"] = {}
-        for f in args.fractions:
-            res["cache"][str(f)] = grids = policy_grids(model, attention, tok, lengths, args.depths, args.trials, f,
-                                                        args.chunk_size, args.calib_prompts, args.seed, progress)
-            for policy, g in grids.items():
-                print(f"{policy} @{f:.0%}: kept {g['kept_fraction_mean']:.3f}, accuracy by length "
-                      f"{dict(zip(lengths, g['accuracy_by_length']))}")
+        res["cache_curve"] = {}
+        for policy in ["full"] + policies_for(attention):
+            pts = policy_curve(model, tok, policy, L, args.multiples, args.depths, args.trials, args.thresholds,
+                               args.fractions, args.chunk_size, args.seed)
+            res["cache_curve"][policy] = pts
+            for p in pts:
+                print(f"{policy} {'' if p['setting'] is None else p['setting']}: kept {p['kept_fraction']:.3f}, "
+                      f"accuracy by multiple {p['accuracy_by_multiple']}")
     write_json(args.out, res)
     print(f"wrote {args.out}")
     return 0
@@ -98,9 +100,11 @@ def add_parser(subparsers) -> None:
     e.add_argument("--multiples", type=_ints, default=(1, 2, 4, 8, 16))
     e.add_argument("--depths", type=_floats, default=(0.0, 0.25, 0.5, 0.75, 1.0))
     e.add_argument("--trials", type=int, default=10)
-    e.add_argument("--fractions", type=_floats, default=(0.25, 0.5))
+    e.add_argument("--fractions", type=_floats, default=(0.1, 0.15, 0.2, 0.25, 0.35, 0.5),
+                   help="kept fractions for the budget policies (window, streamingllm, tova, h2o)")
+    e.add_argument("--thresholds", type=_floats, default=(2.0, 4.0, 6.0, 8.0, 16.0, 32.0),
+                   help="thresholds tau for the model's own eviction rule (FPA, FoX); each reports its kept fraction")
     e.add_argument("--chunk-size", type=int, default=256)
-    e.add_argument("--calib-prompts", type=int, default=2)
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     e.add_argument("--no-progress", action="store_true")

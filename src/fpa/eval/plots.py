@@ -52,36 +52,71 @@ def plot_loss_curves(curves: dict[str, list[float]], train_len: int, path: str |
 
 
 def plot_heatmap(grid: dict, train_len: int, title: str, path: str | Path) -> None:
-    """Passkey accuracy, rows = length multiple, columns = needle depth, annotated."""
+    """Passkey accuracy (mean over seeds), rows = length multiple, columns = needle depth,
+    annotated in percent, with a colour bar."""
     acc = np.asarray(grid["accuracy"])
-    fig, ax = _figure(figsize=(1.0 + 0.8 * acc.shape[1], 1.2 + 0.5 * acc.shape[0]))
-    ax.imshow(acc, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
+    fig, ax = _figure(figsize=(2.2 + 0.9 * acc.shape[1], 1.4 + 0.5 * acc.shape[0]))
+    im = ax.imshow(acc, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
     ax.set_xticks(range(acc.shape[1]), [f"{100 * d:.0f}%" for d in grid["depths"]])
     ax.set_yticks(range(acc.shape[0]), [f"{n // train_len}x ({n})" for n in grid["lengths"]])
     for (i, j), a in np.ndenumerate(acc):
         ax.text(j, i, f"{100 * a:.0f}", ha="center", va="center", fontsize=8)
     ax.set_xlabel("needle depth")
-    ax.set_ylabel("prompt length")
+    ax.set_ylabel("prompt length (tokens)")
     ax.set_title(title, fontsize=9)
+    fig.colorbar(im, ax=ax, fraction=0.05, pad=0.03, label="accuracy")
     _save(fig, path)
 
 
-def plot_kept(points: dict[str, dict[str, list[tuple[float, float]]]], path: str | Path, title: str) -> None:
-    """Passkey accuracy against achieved kept fraction: one panel per method, one line per policy.
-    points[method][policy] = [(kept fraction, accuracy), ...]."""
-    n = max(1, len(points))
-    fig, axes = _figure(1, n, figsize=(3.2 * n, 3.2), squeeze=False)
-    for ax, (method, by_policy) in zip(axes[0], points.items()):
+_STYLES = {"full": ("black", "s"), "fpa": ("tab:red", "o"), "fox": ("tab:blue", "D"), "window": ("tab:green", "^"),
+           "streamingllm": ("tab:olive", "v"), "tova": ("tab:purple", "P"), "h2o": ("tab:brown", "X")}
+
+
+def plot_cache_curves(curves: dict[str, dict[str, list[dict]]], multiple: str, path: str | Path, title: str) -> None:
+    """Passkey accuracy at ``multiple`` x the training length against achieved kept fraction: one
+    panel per method, one line per policy; markers are means over seeds, vertical bars min to max
+    over seeds. curves[method][policy] = the policy's points (fpa.eval.aggregate)."""
+    n = max(1, len(curves))
+    fig, axes = _figure(1, n, figsize=(4.2 * n, 3.8), squeeze=False)
+    for ax, (method, by_policy) in zip(axes[0], curves.items()):
         for policy, pts in by_policy.items():
-            pts = sorted(pts)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=policy)
-        ax.set_title(method, fontsize=9)
-        ax.set_xlabel("kept fraction (achieved)")
+            pts = sorted(pts, key=lambda q: q["kept_fraction"])
+            x = [q["kept_fraction"] for q in pts]
+            y = np.asarray([q["accuracy_by_multiple"][multiple] for q in pts])
+            lo = y - np.asarray([q["accuracy_min_by_multiple"][multiple] for q in pts])
+            hi = np.asarray([q["accuracy_max_by_multiple"][multiple] for q in pts]) - y
+            color, marker = _STYLES.get(policy, (None, "o"))
+            label = {"fpa": "FPA own rule (tau sweep)", "fox": "FoX own rule (tau sweep)",
+                     "full": "full cache"}.get(policy, policy)
+            ax.errorbar(x, y, yerr=[lo, hi], color=color, marker=marker, ms=5, lw=1.2, capsize=2, label=label,
+                        ls="none" if policy == "full" else "-")
+        ax.axvline(0.25, color="grey", ls=":", lw=0.8)
+        ax.set_title(method, fontsize=10)
+        ax.set_xlabel("kept fraction of the KV cache (achieved)")
         ax.set_xlim(0, 1.05)
         ax.set_ylim(-0.05, 1.05)
-        ax.legend(fontsize=7)
-    axes[0][0].set_ylabel("passkey accuracy")
-    fig.suptitle(title, fontsize=9)
+        ax.legend(fontsize=7, loc="lower right")
+    axes[0][0].set_ylabel(f"passkey accuracy at {multiple}x")
+    fig.suptitle(title, fontsize=10)
+    _save(fig, path)
+
+
+def plot_task_curves(curves: dict[str, dict], path: str | Path, floor: float | None = None) -> None:
+    """Answer loss on fixed passkey samples against training step, per method: mean over seeds
+    (line) and min to max (band). curves[method] = {"steps", "mean", "min", "max"}."""
+    fig, ax = _figure(figsize=(7.5, 4.2))
+    for i, (name, c) in enumerate(curves.items()):
+        if not c["steps"]:
+            continue
+        ls = "--" if name.endswith("-lr1") else "-"
+        line, = ax.plot(c["steps"], c["mean"], ls=ls, marker="o", ms=3, lw=1.3, label=name)
+        ax.fill_between(c["steps"], c["min"], c["max"], color=line.get_color(), alpha=0.15)
+    if floor is not None:
+        ax.axhline(floor, color="grey", ls=":", lw=0.8, label="no copying: (5/6) ln 10")
+    ax.set_xlabel("training step")
+    ax.set_ylabel("answer loss (nats/token)")
+    ax.set_title("Passkey answer loss during training (band: min to max over seeds)", fontsize=10)
+    ax.legend(fontsize=7, ncol=2)
     _save(fig, path)
 
 
