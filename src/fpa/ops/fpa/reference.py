@@ -1,7 +1,14 @@
 """Dense reference for First Passage Attention: the definition, written plainly. O(T^2) memory.
 
-This is the oracle every fast path is tested against. It works in float64 when any input
-is float64, else float32, and returns the dtype of q.
+It works in float64 when any input is float64, else float32, and returns the dtype of q.
+It shares field.range_min with other code, so the tests also compare it with an independent
+loop oracle (tests/ops/fpa_oracle.py).
+
+Gradient conventions (autograd through torch.relu and torch.cummin): at dip exactly 0 the
+penalty's gradient is 0 (torch.relu); where several t in (j, i] tie for the field's minimum, the
+gradient goes to the LATEST of them (torch.cummin returns the last index of a tie). In the cache
+form, a tie between past_min[j] and the running minimum of the new field splits the gradient
+equally between them (torch.minimum).
 """
 
 from __future__ import annotations
