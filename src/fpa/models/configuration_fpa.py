@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import difflib
+import math
+
 from transformers import PretrainedConfig
 
 from fpa.layers.attention import ATTENTION_TYPES, FPA_MODES
 
 PRESETS = {
-    "tiny": dict(vocab_size=1024, hidden_size=128, num_hidden_layers=4, num_attention_heads=4,
+    # tiny: vocab 257 = the byte tokenizer (256 bytes + eos), which every CPU recipe uses
+    "tiny": dict(vocab_size=257, hidden_size=128, num_hidden_layers=4, num_attention_heads=4,
                  num_key_value_heads=4, intermediate_size=352),
     "small": dict(vocab_size=32000, hidden_size=512, num_hidden_layers=8, num_attention_heads=8,
                   num_key_value_heads=8, intermediate_size=1408),
@@ -15,11 +19,61 @@ PRESETS = {
                  num_key_value_heads=12, intermediate_size=2048),
 }
 
+# Every FPAConfig field: (kind, rule). kind "int": a positive int; "bool"; "real": a finite number
+# with the rule ">0", ">=0" or "any"; "choice": one of the listed strings.
+FIELDS: dict[str, tuple[str, object]] = {
+    "vocab_size": ("int", None), "hidden_size": ("int", None), "num_hidden_layers": ("int", None),
+    "num_attention_heads": ("int", None), "num_key_value_heads": ("int", None), "intermediate_size": ("int", None),
+    "attention": ("choice", ATTENTION_TYPES), "fpa_mode": ("choice", FPA_MODES),
+    "qk_norm": ("bool", None), "output_gate": ("bool", None), "fpa_level_offset": ("bool", None),
+    "tie_word_embeddings": ("bool", None),
+    "fpa_beta_init": ("real", "any"), "fpa_field_lr_multiplier": ("real", ">=0"),
+    "fox_fgate_bias_init": ("real", "any"), "rope_theta": ("real", ">0"), "rms_norm_eps": ("real", ">0"),
+    "initializer_range": ("real", ">=0"),
+}
+
+
+def check_field(name: str, val: object) -> None:
+    """Raise ValueError unless val is a valid value of FPAConfig field `name`."""
+    kind, rule = FIELDS[name]
+    got = f"{val!r} ({type(val).__name__})"
+    if kind == "int":
+        if isinstance(val, bool) or not isinstance(val, int) or val <= 0:
+            raise ValueError(f"FPAConfig {name} must be a positive integer, got {got}")
+    elif kind == "bool":
+        if not isinstance(val, bool):
+            raise ValueError(f"FPAConfig {name} must be true or false (a bool), got {got}")
+    elif kind == "choice":
+        if val not in rule:
+            raise ValueError(f"FPAConfig {name} must be one of {tuple(rule)}, got {got}")
+    else:
+        if isinstance(val, bool) or not isinstance(val, (int, float)) or not math.isfinite(val):
+            raise ValueError(f"FPAConfig {name} must be a finite number, got {got}")
+        if (rule == ">0" and val <= 0) or (rule == ">=0" and val < 0):
+            raise ValueError(f"FPAConfig {name} must be {rule[:-1]} 0, got {got}")
+
+
+def check_keys(keys: object, what: str = "model overrides") -> None:
+    """Raise ValueError naming every key that is not an FPAConfig field, and the valid ones."""
+    unknown = sorted(set(keys) - set(FIELDS))
+    if unknown:
+        hints = [f"{k!r} (did you mean {m[0]!r}?)" for k in unknown if (m := difflib.get_close_matches(k, FIELDS, 1))]
+        raise ValueError(
+            f"unknown FPAConfig keys in {what}: {unknown}" + (f"; {', '.join(hints)}" if hints else "")
+            + f"; valid keys: {sorted(FIELDS)}"
+        )
+
 
 class FPAConfig(PretrainedConfig):
+    """Every field is validated (type and range, see FIELDS) on construction, which includes
+    from_pretrained (config.json), so a bad value fails with a ValueError naming it. Extra keyword
+    arguments go to transformers' PretrainedConfig (it accepts arbitrary ones); one that looks
+    like a misspelt FPAConfig field (e.g. "hiden_size") is rejected. from_preset takes FPAConfig
+    fields only."""
+
     model_type = "fpa"
 
-    def __init__(self, vocab_size=1024, hidden_size=128, num_hidden_layers=4, num_attention_heads=4,
+    def __init__(self, vocab_size=257, hidden_size=128, num_hidden_layers=4, num_attention_heads=4,
                  num_key_value_heads=None, intermediate_size=352, attention="fpa", fpa_mode="free",
                  qk_norm=False, output_gate=False, fpa_level_offset=False, fpa_beta_init=0.0,
                  fpa_field_lr_multiplier=0.1,
@@ -27,19 +81,24 @@ class FPAConfig(PretrainedConfig):
                  tie_word_embeddings=True, **kwargs):
         if num_key_value_heads is None:
             num_key_value_heads = num_attention_heads
-        for name, val in (("vocab_size", vocab_size), ("hidden_size", hidden_size),
-                          ("num_hidden_layers", num_hidden_layers), ("num_attention_heads", num_attention_heads),
-                          ("num_key_value_heads", num_key_value_heads), ("intermediate_size", intermediate_size)):
-            if not isinstance(val, int) or val <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {val!r}")
+        values = dict(
+            vocab_size=vocab_size, hidden_size=hidden_size, num_hidden_layers=num_hidden_layers,
+            num_attention_heads=num_attention_heads, num_key_value_heads=num_key_value_heads,
+            intermediate_size=intermediate_size, attention=attention, fpa_mode=fpa_mode, qk_norm=qk_norm,
+            output_gate=output_gate, fpa_level_offset=fpa_level_offset, tie_word_embeddings=tie_word_embeddings,
+            fpa_beta_init=fpa_beta_init, fpa_field_lr_multiplier=fpa_field_lr_multiplier,
+            fox_fgate_bias_init=fox_fgate_bias_init, rope_theta=rope_theta, rms_norm_eps=rms_norm_eps,
+            initializer_range=initializer_range,
+        )
+        for name, val in values.items():
+            check_field(name, val)
+        typos = [k for k in kwargs if k not in _GENERIC_KEYS and difflib.get_close_matches(k, FIELDS, 1, 0.8)]
+        if typos:
+            check_keys(typos, "FPAConfig arguments")
         if hidden_size % num_attention_heads:
             raise ValueError(f"hidden_size ({hidden_size}) must be divisible by num_attention_heads ({num_attention_heads})")
         if num_attention_heads % num_key_value_heads:
             raise ValueError(f"num_attention_heads ({num_attention_heads}) must be a multiple of num_key_value_heads ({num_key_value_heads})")
-        if attention not in ATTENTION_TYPES:
-            raise ValueError(f"attention must be one of {ATTENTION_TYPES}, got {attention!r}")
-        if fpa_mode not in FPA_MODES:
-            raise ValueError(f"fpa_mode must be one of {FPA_MODES}, got {fpa_mode!r}")
         self.vocab_size, self.hidden_size, self.num_hidden_layers = vocab_size, hidden_size, num_hidden_layers
         self.num_attention_heads, self.num_key_value_heads = num_attention_heads, num_key_value_heads
         self.intermediate_size, self.attention, self.fpa_mode = intermediate_size, attention, fpa_mode
@@ -51,8 +110,11 @@ class FPAConfig(PretrainedConfig):
 
     @classmethod
     def from_preset(cls, name: str, **overrides) -> "FPAConfig":
+        """A preset with overrides; every override must be an FPAConfig field (else ValueError
+        listing the valid ones)."""
         if name not in PRESETS:
             raise ValueError(f"preset must be one of {tuple(PRESETS)}, got {name!r}")
+        check_keys(overrides)
         return cls(**{**PRESETS[name], **overrides})
 
     def attention_kwargs(self) -> dict:
@@ -65,3 +127,10 @@ class FPAConfig(PretrainedConfig):
         elif self.attention.startswith("softmax"):
             kw.update(rope_theta=self.rope_theta)
         return kw
+
+
+# keys transformers itself may pass to a config (saved in config.json or set by from_pretrained)
+_GENERIC_KEYS = {"transformers_version", "architectures", "output_hidden_states", "return_dict", "dtype",
+                 "torch_dtype", "chunk_size_feed_forward", "is_encoder_decoder", "id2label", "label2id",
+                 "problem_type", "num_labels", "name_or_path", "_name_or_path", "_commit_hash", "model_type",
+                 "output_attentions", "attn_implementation", "experts_implementation", "use_cache"}

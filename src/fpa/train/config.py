@@ -9,6 +9,7 @@ from pathlib import Path
 DEVICES = ("auto", "cpu", "cuda")
 PARALLEL = ("auto", "none", "ddp", "fsdp")
 PRECISIONS = ("auto", "fp32", "bf16")
+TOKENIZERS = ("byte", "bpe")
 
 
 @dataclass
@@ -86,6 +87,28 @@ class TrainConfig:
             raise ValueError("set data_dir (a prepared folder) or data_source (to prepare on the fly)")
         if not isinstance(self.model_overrides, dict):
             raise ValueError(f"model_overrides must be a dict, got {type(self.model_overrides).__name__}")
+        if self.tokenizer not in TOKENIZERS:
+            raise ValueError(f"tokenizer must be one of {TOKENIZERS}, got {self.tokenizer!r}")
+        for name in ("vocab_size", "max_bytes"):
+            val = getattr(self, name)
+            if val is not None and (not isinstance(val, int) or isinstance(val, bool) or val <= 0):
+                raise ValueError(f"{name} must be None or a positive int, got {val!r}")
+        self._check_model()
+
+    def _check_model(self) -> None:
+        """preset, attention, fpa_mode and every model override, before any data or file is touched."""
+        from fpa.models.configuration_fpa import FIELDS, PRESETS, check_field, check_keys
+
+        if self.preset not in PRESETS:
+            raise ValueError(f"preset must be one of {tuple(PRESETS)}, got {self.preset!r}")
+        check_keys(self.model_overrides, "model_overrides")
+        for name in ("attention", "fpa_mode"):
+            if name in self.model_overrides:
+                raise ValueError(f"set {name} with the training config's own {name!r} key, not in model_overrides")
+            check_field(name, getattr(self, name))
+        for name, val in self.model_overrides.items():
+            check_field(name, val)
+        assert set(FIELDS) >= set(self.model_overrides)
 
     def to_dict(self) -> dict:
         return asdict(self)
