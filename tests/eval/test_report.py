@@ -1,28 +1,50 @@
 import math
 
-from fpa.eval.report import accuracy_at, targets
+from fpa.eval.report import at_multiple, lossless_point, verdicts
 
 
-def _grid(lengths, acc):
-    return {"lengths": lengths, "depths": [0.0, 1.0], "accuracy_by_length": acc, "kept_fraction_mean": 0.24}
-
-
-def _results(fpa8, fox_loss, rope8, own8=1.0):
+def _method(attention, acc8_by_seed, loss_by_seed, curve=None):
     L = 10
-    full = lambda a8: _grid([10, 80], [1.0, a8])  # noqa: E731
-    return {"train_len": L, "methods": {
-        "fpa-free": {"attention": "fpa", "loss": {"loss": 2.0}, "passkey": full(fpa8),
-                     "cache": {"0.25": {"fpa": _grid([80], [own8])}}},
-        "fox": {"attention": "fox", "loss": {"loss": fox_loss}, "passkey": full(0.5), "cache": {}},
-        "softmax-rope": {"attention": "softmax_rope", "loss": {"loss": 1.9}, "passkey": full(rope8), "cache": {}}}}
+    seeds = [{"seed": i, "loss": {"loss": lo},
+              "passkey": {"lengths": [10, 80], "accuracy_by_length": [1.0, a]}} for i, (a, lo) in
+             enumerate(zip(acc8_by_seed, loss_by_seed))]
+    acc8 = [s["passkey"]["accuracy_by_length"][1] for s in seeds]
+    return {"attention": attention, "ablation": False, "seeds": seeds,
+            "loss": {"loss": sum(loss_by_seed) / len(loss_by_seed)},
+            "passkey": {"lengths": [10, 8 * L], "accuracy_by_length": [1.0, sum(acc8) / len(acc8)],
+                        "accuracy_by_length_min": [1.0, min(acc8)], "accuracy_by_length_max": [1.0, max(acc8)]},
+            "cache_curve": curve or {}}
 
 
-def test_targets_are_measured_not_assumed():
-    t = targets(_results(1.0, 2.0, 0.0))
-    assert t["fpa_passkey_8x_full"] == {"fpa-free": 1.0}
-    assert t["fpa_passkey_8x_cache25"]["fpa-free"] == {"accuracy": 1.0, "kept_fraction": 0.24}
-    assert t["fpa_loss_vs_fox"]["fpa-free"] == 0.0 and t["baselines_100_at_8x"] == []
-    t = targets(_results(0.9, 1.9, 1.0, own8=0.5))
-    assert t["fpa_passkey_8x_full"] == {"fpa-free": 0.9}
-    assert t["fpa_loss_vs_fox"]["fpa-free"] > 0.01 and t["baselines_100_at_8x"] == ["softmax-rope"]
-    assert math.isnan(accuracy_at(_grid([10], [1.0]), 80))
+def _pt(setting, kept, accs):
+    return {"setting": setting, "kept_fraction": kept, "kept_fraction_min": kept, "kept_fraction_max": kept,
+            "accuracy_by_multiple": {"8": sum(accs) / len(accs)},
+            "seeds": [{"seed": i, "accuracy_by_multiple": {"8": a}} for i, a in enumerate(accs)]}
+
+
+def _results(fpa8, fox_loss, curve=None):
+    return {"train_len": 10, "preset": {"cache_multiples": [8]}, "methods": {
+        "fpa-walk": _method("fpa", fpa8, [2.0, 2.0], curve),
+        "fox": _method("fox", [0.5, 0.5], [fox_loss, fox_loss])}}
+
+
+def test_lossless_point_needs_every_seed_to_match_the_full_cache():
+    curve = {"full": [_pt(None, 1.0, [1.0, 0.5])],
+             "fpa": [_pt(2.0, 0.10, [1.0, 0.0]), _pt(8.0, 0.20, [1.0, 0.5]), _pt(32.0, 0.30, [1.0, 0.5])]}
+    m = _method("fpa", [1.0, 0.5], [2.0, 2.0], curve)
+    assert lossless_point(m, "fpa", "8")["setting"] == 8.0
+    curve["fpa"] = [_pt(2.0, 0.10, [1.0, 0.0])]
+    assert lossless_point(m, "fpa", "8") is None
+    assert lossless_point(m, "fox", "8") is None
+
+
+def test_verdicts_are_measured_not_assumed():
+    curve = {"full": [_pt(None, 1.0, [1.0, 1.0])], "fpa": [_pt(4.0, 0.24, [1.0, 1.0])]}
+    v = "\n".join(verdicts(_results([1.0, 1.0], 2.0, curve)))
+    assert "+0.00% vs FoX" in v and "reproduced (bar" in v
+    assert "Perfect passkey at 8x** (fpa-walk, full cache): 100% over seeds: reproduced" in v
+    assert "keeps 24.0%" in v and "24.0 kept" not in v and ": reproduced." in v
+    v = "\n".join(verdicts(_results([1.0, 0.9], 1.9)))
+    assert "not reproduced (bar" in v and "reproduced on some seeds" in v
+    assert "at 100% on every seed: none" in v
+    assert math.isnan(at_multiple(_method("fox", [1.0], [1.0]), 16, 10)[0])

@@ -1,12 +1,12 @@
-"""The smoke preset end to end (default suite, ~20-40 s on 2 cores): every stage, every file, resume."""
+"""The smoke preset end to end (default suite): every stage, every file, seeds, ablations, resume."""
 
 import json
 
 import pytest
 
 from fpa.cli import main
-from fpa.eval.presets import METHODS, get_preset
-from fpa.eval.reproduce import reproduce
+from fpa.eval.presets import ABLATIONS, METHODS, get_preset
+from fpa.eval.reproduce import reproduce, runs_of
 
 
 @pytest.fixture(scope="module")
@@ -17,43 +17,71 @@ def smoke_run(tmp_path_factory):
     return out, res, logs
 
 
+def test_runs_are_every_method_on_every_seed_and_ablations_on_their_seeds():
+    p = get_preset("smoke")
+    runs = runs_of(p, None, (0, 1))
+    names = [m[0] for m in METHODS]
+    assert [(r["name"], r["seed"]) for r in runs if not r["ablation"]] == \
+        [(n, s) for s in (0, 1) for n in names]
+    assert [(r["name"], r["seed"]) for r in runs if r["ablation"]] == [(a[0], 0) for a in ABLATIONS]
+    assert all(r["overrides"] == {"fpa_field_lr_multiplier": 1.0} for r in runs if r["ablation"])
+    assert not any(r["ablation"] for r in runs_of(p, None, (1,)))  # ablation seed 0 not asked for
+    with pytest.raises(ValueError, match="methods must name"):
+        runs_of(p, ("fpa", "fox"), (0,))
+
+
 def test_smoke_writes_every_file(smoke_run):
     out, res, logs = smoke_run
-    names = [m[0] for m in METHODS]
-    expected = ["results.json", "report.md", "README-snippet.md", "loss-curves.png", "state.json",
+    names = [m[0] for m in METHODS] + [a[0] for a in ABLATIONS]
+    expected = ["results.json", "report.md", "README-snippet.md", "loss-curves.png", "answer-loss.png", "state.json",
                 "kept-2x.png", "example-fpa-free.png", "example-fpa-walk.png"] + [f"passkey-{n}.png" for n in names]
     for f in expected:
         assert (out / f).is_file() and (out / f).stat().st_size > 0, f
     assert not list(out.rglob("*.tmp"))
     assert (out / ".gitignore").read_text().split() == ["data/", "models/"]
     r = json.loads((out / "results.json").read_text())
-    assert sorted(r["methods"]) == sorted(names)
+    assert sorted(r["methods"]) == sorted(names) and r["seeds"] == [0, 1]
     for n, m in r["methods"].items():
+        n_seeds = 1 if m["ablation"] else 2
+        assert [s["seed"] for s in m["seeds"]] == list(range(n_seeds))
         assert m["loss"]["loss"] > 0 and len(m["loss"]["curve"]) == 4 * 128
-        assert [len(row) for row in m["passkey"]["accuracy"]] == [2, 2]
-        own = {"fpa": ["fpa"], "fox": ["fox"]}.get(m["attention"], [])
-        assert list(m["cache"]["0.5"]) == own + ["window", "streamingllm", "tova", "h2o"]
-        for g in m["cache"]["0.5"].values():
-            assert 0.3 < g["kept_fraction_mean"] < 0.7
-        assert m["train"]["steps"] == 4
+        assert m["passkey"]["lengths"] == [128, 256] and len(m["passkey"]["accuracy_by_length"]) == 2
+        for s in m["seeds"]:  # the mean is the mean of the seeds
+            assert s["passkey"]["lengths"] == [128, 256] and len(s["passkey"]["accuracy"]) == 2
+        mean0 = sum(s["passkey"]["accuracy_by_length"][0] for s in m["seeds"]) / n_seeds
+        assert m["passkey"]["accuracy_by_length"][0] == pytest.approx(mean0)
+        assert m["task_loss_curve"]["steps"] == [4]
+        curves = m["cache_curve"]
+        if m["ablation"] or m["attention"].startswith("softmax"):
+            assert curves == {}
+            continue
+        own = {"fpa": "fpa", "fox": "fox"}[m["attention"]]
+        budget = ["window", "streamingllm", "tova", "h2o"] if n in ("fpa-walk", "fox") else []
+        assert list(curves) == ["full", own] + budget
+        assert curves["full"][0]["kept_fraction"] == 1.0
+        assert [p["setting"] for p in curves[own]] == [4.0]
+        for b in budget:
+            (pt,) = curves[b]
+            assert pt["setting"] == 0.5 and 0.4 < pt["kept_fraction"] < 0.6
+            assert [s["seed"] for s in pt["seeds"]] == [0, 1]
     report = (out / "report.md").read_text()
     for n in names:
         assert f"passkey-{n}.png" in report and f"| {n} |" in report
-    assert "## Targets" in report and "fpa reproduce --preset smoke" in (out / "README-snippet.md").read_text()
+    assert "## Verdicts" in report and "--preset smoke --seeds 0,1" in (out / "README-snippet.md").read_text()
 
 
 def test_smoke_resumes_without_redoing_finished_stages(smoke_run):
     out, res, _ = smoke_run
     state = json.loads((out / "state.json").read_text())
-    assert "train-fpa-free" in state["done"] and "example-fpa-walk" in state["done"]
+    assert "train-fpa-free-s1" in state["done"] and "example-fpa-walk" in state["done"]
     logs = []
     assert reproduce(get_preset("smoke"), out, progress=False, log=logs.append)["methods"].keys() == res["methods"].keys()
     assert logs == []
     # lose one stage (as if interrupted during it): only that one runs again
-    state["done"].remove("passkey-fox")
+    state["done"].remove("passkey-fox-s1")
     (out / "state.json").write_text(json.dumps(state))
     reproduce(get_preset("smoke"), out, progress=False, log=logs.append)
-    assert [m for m in logs if m.endswith("...")] == ["[stage] passkey-fox ..."]
+    assert [m for m in logs if m.endswith("...")] == ["[stage] passkey-fox-s1 ..."]
 
 
 def test_another_preset_in_the_same_folder_is_refused(smoke_run):
@@ -64,13 +92,15 @@ def test_another_preset_in_the_same_folder_is_refused(smoke_run):
 def test_fpa_eval_cli_on_a_trained_model(smoke_run, tmp_path, capsys):
     out = smoke_run[0]
     dst = tmp_path / "eval.json"
-    rc = main(["eval", "--model", str(out / "models" / "fpa-walk" / "model"), "--out", str(dst), "--multiples", "1,2",
-               "--depths", "0,1", "--trials", "2", "--fractions", "0.5", "--loss-multiple", "2", "--loss-windows", "2",
-               "--chunk-size", "64", "--calib-prompts", "1", "--no-progress"])
+    rc = main(["eval", "--model", str(out / "models" / "fpa-walk-s0" / "model"), "--out", str(dst),
+               "--multiples", "1,2", "--depths", "0,1", "--trials", "2", "--fractions", "0.5", "--thresholds", "4,8",
+               "--loss-multiple", "2", "--loss-windows", "2", "--chunk-size", "64", "--no-progress"])
     assert rc == 0
     r = json.loads(dst.read_text())
     assert r["train_len"] == 128 and len(r["loss"]["curve"]) == 256
-    assert r["passkey"]["lengths"] == [128, 256] and "fpa" in r["cache"]["0.5"]
+    assert r["passkey"]["lengths"] == [128, 256]
+    assert list(r["cache_curve"]) == ["full", "fpa", "window", "streamingllm", "tova", "h2o"]
+    assert [p["setting"] for p in r["cache_curve"]["fpa"]] == [4.0, 8.0]
     assert main(["eval", "--model", str(tmp_path), "--out", str(dst)]) == 2  # not a model folder
     assert "--model" in capsys.readouterr().err
     assert main(["eval", "--model", str(tmp_path), "--out", str(dst), "--what", "loss,ppl"]) == 2

@@ -1,0 +1,35 @@
+import pytest
+
+from fpa.eval.curves import policy_curve
+
+
+def _curve(model, tok, policy, thresholds=(0.5, 1e9), fractions=(0.25, 1.0)):
+    return policy_curve(model, tok, policy, 64, (2,), (0.0, 1.0), 2, thresholds, fractions, chunk_size=32, seed=3)
+
+
+def test_threshold_points_report_the_fraction_they_achieve(tiny_model, tok):
+    model = tiny_model("fpa", "walk", seed=1)
+    for layer in model.model.layers:  # a random model barely dips; make the penalties matter
+        layer.attn.increment_proj.weight.data *= 20
+    strict, loose = _curve(model, tok, "fpa")
+    assert [strict["setting"], loose["setting"]] == [0.5, 1e9]
+    assert loose["kept_fraction"] == pytest.approx(1.0)  # a threshold no penalty reaches evicts nothing
+    assert strict["kept_fraction"] < 0.9
+    (full,) = _curve(model, tok, "full")
+    assert full["setting"] is None and full["kept_fraction"] == 1.0
+    assert loose["correct"] == full["correct"]  # same prompts, same model, nothing evicted: same answers
+
+
+def test_budget_points_keep_their_budget(tiny_model, tok):
+    quarter, everything = _curve(tiny_model("fox"), tok, "window")
+    assert quarter["kept_fraction"] == pytest.approx(0.25, abs=0.05)
+    # budget = the prompt's 128 tokens; the 6 answer tokens fed back while decoding push the oldest out
+    assert everything["kept_fraction"] == pytest.approx(128 / 134)
+    assert set(quarter["accuracy_by_multiple"]) == {"2"}
+
+
+def test_unknown_policy_or_nothing_to_sweep(tiny_model, tok):
+    with pytest.raises(ValueError, match="policy"):
+        _curve(tiny_model("fox"), tok, "lru")
+    with pytest.raises(ValueError, match="no settings"):
+        _curve(tiny_model("fox"), tok, "fox", thresholds=())
