@@ -42,3 +42,7 @@ from fpa.cache.prefill import generate, prefill
 
 __all__ = ["FPACache", "FPAEviction", "FoXEviction", "H2O", "LayerCache", "LayerInfo", "Policy",
            "SlidingWindow", "StreamingLLM", "TOVA", "generate", "prefill"]
+
+import fpa as _fpa  # noqa: E402
+
+_fpa._finish_registration()  # the Auto-class registration, if importing transformers here came first

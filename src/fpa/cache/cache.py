@@ -1,48 +1,83 @@
-"""FPACache: the decoding cache of FPAForCausalLM, with an optional eviction policy."""
+"""FPACache: the decoding cache of FPAForCausalLM (a transformers ``Cache``), with an optional
+eviction policy."""
 
 from __future__ import annotations
 
 from torch import Tensor
 
+try:  # a transformers Cache when transformers is installed (the models extra)
+    from transformers.cache_utils import Cache
+except ImportError:  # pragma: no cover - core install: fpa.cache works without transformers
+    class Cache:  # type: ignore[no-redef]
+        def __init__(self, layer_class_to_replicate=None):
+            self.layers = []
+
 from fpa.cache.layer import LayerCache
 from fpa.cache.policies import Policy
 
 
-class FPACache:
-    """Per-layer decoding state (LayerCache), allocated lazily as layers first use it.
+class FPACache(Cache):
+    """A transformers ``Cache`` made of one ``LayerCache`` per model layer, created lazily as the
+    layers first use it; each (batch row, KV head) keeps its own keys (per-head eviction).
 
-    Pass it as ``past_key_values=`` to FPAForCausalLM.forward(..., use_cache=True) or to
-    ``model.generate``. After every forward call the model calls ``step_done()``, which applies the
-    policy to every layer (policy=None keeps everything).
+    Pass it as ``past_key_values=`` (transformers >= 5.3 also accepts ``cache=``) to
+    FPAForCausalLM.forward(..., use_cache=True) or to ``model.generate``. After every forward call
+    the model calls ``step_done()``, which applies the policy to every layer (policy=None keeps
+    everything). ``get_seq_length()`` is the logical sequence length (tokens seen, padding
+    included), not the keys held (``keys_held()``). Without a policy the cache can be cropped
+    (assisted and prompt-lookup decoding). A cache remembers the model configuration that filled it
+    and refuses a model with another one.
     """
-
-    is_compileable = False  # read by transformers' generate
 
     def __init__(self, policy: Policy | None = None):
         if policy is not None and not isinstance(policy, Policy):
             raise ValueError(f"policy must be an fpa.cache policy (FPAEviction, TOVA, ...) or None, got {policy!r}")
+        super().__init__(layer_class_to_replicate=LayerCache)
         self.policy = policy
-        self.layers: list[LayerCache] = []
+        self.model_signature: dict | None = None
+
+    def bind(self, signature: dict) -> None:
+        """Remember the configuration of the model that fills this cache; refuse another."""
+        if self.model_signature is None:
+            self.model_signature = dict(signature)
+        elif self.model_signature != dict(signature):
+            diff = {k: (self.model_signature.get(k), v) for k, v in signature.items() if self.model_signature.get(k) != v}
+            raise ValueError(f"this FPACache was filled by a model with another configuration "
+                             f"(field: (cache's, this model's) = {diff}); use a new FPACache for this model")
 
     def layer(self, idx: int) -> LayerCache:
         """The LayerCache of layer ``idx``, created on first use."""
         while len(self.layers) <= idx:
-            lc = LayerCache()
+            lc = LayerCache(croppable=self.policy is None)
             lc.need_weights = self.policy is not None and self.policy.needs_weights
             self.layers.append(lc)
         return self.layers[idx]
 
-    def __len__(self) -> int:
-        return len(self.layers)
+    @property
+    def is_compileable(self) -> bool:
+        return False
 
     @property
     def is_linear(self) -> list[bool]:
         """Per layer, whether the state is a fixed-size recurrent one (transformers' generate asks): no."""
         return [False] * max(1, len(self.layers))
 
+    @property
+    def is_croppable(self) -> bool:
+        return self.policy is None
+
     def get_seq_length(self, layer_idx: int = 0) -> int:
-        """Tokens seen so far (not keys held)."""
+        """Tokens seen so far, padding included (not keys held)."""
         return self.layers[layer_idx].length if layer_idx < len(self.layers) else 0
+
+    def next_position(self) -> Tensor | None:
+        """(B,) position of the next real token of every row (None before the first call)."""
+        return self.layers[0].next_position if self.layers else None
+
+    def crop(self, max_length: int) -> None:
+        """Forget the latest tokens (see LayerCache.crop: n < 0 removes -n, n > 0 keeps n)."""
+        for lc in self.layers:
+            lc.crop(max_length)
 
     def step_done(self) -> None:
         """Apply the policy to every layer (after a forward call) and update its kept_fraction."""
@@ -53,9 +88,10 @@ class FPACache:
             self.policy.record(*self.held_and_seen())
 
     def held_and_seen(self) -> tuple[int, int]:
-        """(keys held, keys seen), each summed over layers, batch rows and KV heads."""
-        held = sum(int(lc.counts().sum()) for lc in self.layers)
-        seen = sum(lc.length * lc.counts().numel() for lc in self.layers)
+        """(keys held, keys seen), each summed over layers, batch rows and KV heads (padding
+        tokens are not keys)."""
+        held = sum(int(lc.counts().sum()) for lc in self.layers if lc.store is not None)
+        seen = sum(lc.tokens_seen() * lc.counts().shape[1] for lc in self.layers if lc.store is not None)
         return held, seen
 
     def kept_fraction(self) -> float:
@@ -69,7 +105,7 @@ class FPACache:
 
     def bytes_held(self) -> int:
         """Bytes of every tensor the cache holds (keys, values, positions, levels, minima, scores),
-        padding slots included."""
+        padding slots included, and without a policy the field history kept for ``crop``."""
         return sum(lc.bytes_held() for lc in self.layers)
 
     def bytes_live(self) -> int:
@@ -79,7 +115,4 @@ class FPACache:
 
     def reorder_cache(self, beam_idx: Tensor) -> None:
         for lc in self.layers:
-            if lc.store is not None:
-                lc.store.select_rows(beam_idx)
-            if lc.last_field is not None:
-                lc.last_field = lc.last_field.index_select(0, beam_idx.to(lc.last_field.device))
+            lc.reorder_cache(beam_idx)

@@ -221,4 +221,4 @@ class H2O(_BudgetPolicy):
         self.name = f"h2o(N={self.budget}, recent={self.recent})"
 
     def score(self, layer):
-        return pinned(layer.store["score"], layer.store["pos"] >= layer.length - self.recent)
+        return pinned(layer.store["score"], layer.store["pos"] >= layer.next_position[:, None, None] - self.recent)

@@ -31,14 +31,28 @@ def prefill(model, input_ids: Tensor, cache: FPACache, chunk_size: int = 512) ->
 
 
 @torch.no_grad()
-def generate(model, input_ids: Tensor, cache: FPACache, max_new_tokens: int, chunk_size: int = 512) -> Tensor:
-    """Chunked prefill of input_ids[:, :-1], then ``model.generate`` (greedy) from the full prompt.
+def generate(model, input_ids: Tensor, cache: FPACache, max_new_tokens: int, chunk_size: int = 512,
+             attention_mask: Tensor | None = None) -> Tensor:
+    """Greedy ``model.generate`` with ``cache``, the prompt prefilled in chunks of ``chunk_size``
+    tokens (the policy running after each chunk, as ``prefill`` does).
 
-    Returns the generated sequences (B, T + max_new_tokens), as ``model.generate`` does.
+    Exactly ``model.generate(input_ids, attention_mask=..., past_key_values=cache,
+    prefill_chunk_size=chunk_size, max_new_tokens=..., do_sample=False)``: the helper and
+    ``model.generate`` agree for every policy when given the same ``prefill_chunk_size``; without
+    it ``model.generate`` feeds the whole prompt in one call and the policy runs once, after it.
+    Returns the sequences (B, T + max_new_tokens), as ``model.generate`` does.
     """
-    if input_ids.dim() != 2 or input_ids.shape[1] < 2:
-        raise ValueError(f"input_ids must have shape (B, T) with T >= 2, got {tuple(input_ids.shape)}")
+    from fpa.models.modeling_fpa import CACHE_ARG
+
+    if not isinstance(cache, FPACache):
+        raise ValueError(f"cache must be an FPACache, got {type(cache).__name__}")
+    if input_ids.dim() != 2 or input_ids.shape[1] < 1:
+        raise ValueError(f"input_ids must have shape (B, T) with T >= 1, got {tuple(input_ids.shape)}")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
-    prefill(model, input_ids[:, :-1], cache, chunk_size)
-    return model.generate(input_ids, past_key_values=cache, max_new_tokens=max_new_tokens, do_sample=False)
+    chunk_size = _check_chunk(chunk_size)
+    if attention_mask is None:
+        attention_mask = torch.ones_like(input_ids)
+    return model.generate(input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens, do_sample=False,
+                          prefill_chunk_size=chunk_size, pad_token_id=getattr(model.config, "pad_token_id", None) or 0,
+                          **{CACHE_ARG: cache})

@@ -127,6 +127,10 @@ class HeadStore:
             new[name] = torch.where(ok, y, torch.full((), _PAD.get(name, 0), dtype=x.dtype, device=x.device))
         self._buf, self._size = new, c_new
 
+    def truncate(self, n: int) -> None:
+        """Keep the first n slots (undoes appends; the rest becomes reserved room)."""
+        self._size = max(0, min(self._size, n))
+
     def select_rows(self, index: Tensor) -> None:
         """Reorder / select batch rows (beam search)."""
         for name, x in self._buf.items():

@@ -12,7 +12,7 @@ def greedy_decode(model, input_ids: Tensor, max_new_tokens: int, cache=None,
     """Greedy continuation of ``input_ids`` (B, T) -> (new ids (B, max_new_tokens), final cache).
 
     ``model(input_ids=..., past_key_values=cache, use_cache=True)`` must return ``.logits``
-    (B, t, V) and ``.past_key_values``. The prompt is fed in chunks of ``chunk_size`` tokens
+    (B, t, V) and ``.past_key_values`` (or ``.cache``). The prompt is fed in chunks of ``chunk_size`` tokens
     (all at once if None) so an evicting cache applies its policy after every chunk, as it would
     while streaming a long prompt; each new token is then one forward call.
     """
@@ -23,16 +23,21 @@ def greedy_decode(model, input_ids: Tensor, max_new_tokens: int, cache=None,
     if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
         raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size!r}")
     T = input_ids.shape[1]
+
+    def _cache(out):  # transformers >= 5.3 names the output field "cache"
+        c = getattr(out, "cache", None) if "cache" in getattr(out, "keys", lambda: ())() else None
+        return c if c is not None else out.past_key_values
+
     step = T if chunk_size is None else chunk_size
     logits = None
     for a in range(0, T, step):
         out = model(input_ids=input_ids[:, a:a + step], past_key_values=cache, use_cache=True)
-        cache, logits = out.past_key_values, out.logits[:, -1]
+        cache, logits = _cache(out), out.logits[:, -1]
     new = []
     for i in range(max_new_tokens):
         tok = logits.argmax(-1, keepdim=True)  # (B, 1)
         new.append(tok)
         if i + 1 < max_new_tokens:
             out = model(input_ids=tok, past_key_values=cache, use_cache=True)
-            cache, logits = out.past_key_values, out.logits[:, -1]
+            cache, logits = _cache(out), out.logits[:, -1]
     return torch.cat(new, 1), cache

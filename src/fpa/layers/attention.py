@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fpa.cache.layer import LayerCache, LayerInfo
-from fpa.cache.weights import attention_weights, fpa_bias
+from fpa.cache.storage import PAD_BIG
+from fpa.cache.weights import attention_weights, causal_block_mask, fpa_bias
 from fpa.ops import first_passage_attention, forgetting_attention
 
 ATTENTION_TYPES = ("fpa", "fox", "softmax_rope", "softmax_alibi", "softmax_nope")
@@ -56,10 +57,12 @@ def layer_state(state: LayerCache | dict | None) -> LayerCache | None:
 class AttentionBase(nn.Module):
     """q, k, v, o projections (+ optional per-head RMS qk-norm and a sigmoid output gate).
 
-    Subclasses implement ``_attend(q, k, v, x, state, offset)`` with q (B, Hq, T, D),
-    k, v (B, Hkv, T, D) for the new tokens only; ``offset`` is the number of tokens seen before.
-    ``state`` is a fpa.cache.LayerCache (or None): the subclass reads the cached keys from it and
-    appends the new ones (LayerCache.append), which advances its length.
+    Subclasses implement ``_attend(q, k, v, x, state, offset, mask, pos, need_weights)`` with
+    q (B, Hq, T, D), k, v (B, Hkv, T, D) for the new tokens only; ``offset`` is the number of tokens
+    seen before; mask (B, T) bool (False = padding) or None; pos (B, T) positions or None; they
+    return (output (B, Hq, T, D), weights (B, Hq, T, Tk) or None). ``state`` is a
+    fpa.cache.LayerCache (or None): the subclass reads the cached keys from it and appends the new
+    ones (LayerCache.append), which advances its length.
     """
 
     def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int | None = None,
@@ -111,7 +114,14 @@ class AttentionBase(nn.Module):
         return LayerInfo(kind="softmax", groups=self.num_heads // self.num_kv_heads,
                          content_bound=self.content_bound())
 
-    def forward(self, x: Tensor, state: LayerCache | dict | None = None) -> Tensor:
+    def forward(self, x: Tensor, state: LayerCache | dict | None = None, attention_mask: Tensor | None = None,
+                position_ids: Tensor | None = None, output_attentions: bool = False):
+        """x (B, T, hidden) -> (B, T, hidden), or (that, weights (B, Hq, T, Tk)) with output_attentions.
+
+        attention_mask (B, T), for the T new tokens: 0/False marks padding, which is no key, moves
+        no walk and adds no decay (a padded row computes what the row alone computes). position_ids
+        (B, T): the positions RoPE/ALiBi and the cache use (default: each row counts its real tokens).
+        """
         B, T, _ = x.shape
         q = self._heads(self.q_proj(x), self.num_heads)
         k = self._heads(self.k_proj(x), self.num_kv_heads)
@@ -122,13 +132,15 @@ class AttentionBase(nn.Module):
         if state is not None and state.info is None:
             state.configure(self.cache_info())
         offset = 0 if state is None else state.length
-        o = self._attend(q, k, v, x, state, offset)  # (B, Hq, T, D)
+        mask = None if attention_mask is None else attention_mask.to(device=x.device, dtype=torch.bool)
+        o, w = self._attend(q, k, v, x, state, offset, mask=mask, pos=position_ids,
+                            need_weights=output_attentions)  # (B, Hq, T, D)
         o = o.transpose(1, 2).reshape(B, T, self.num_heads * self.head_dim)
         if self.gate_proj is not None:
             o = o * torch.sigmoid(self.gate_proj(x))
-        return self.o_proj(o)
+        return (self.o_proj(o), w) if output_attentions else self.o_proj(o)
 
-    def _attend(self, q, k, v, x, state, offset):  # pragma: no cover - abstract
+    def _attend(self, q, k, v, x, state, offset, mask=None, pos=None, need_weights=False):  # pragma: no cover
         raise NotImplementedError
 
 
@@ -194,19 +206,41 @@ class FirstPassageAttention(AttentionBase):
         return LayerInfo(kind="fpa", groups=self.num_heads // self.num_kv_heads, beta=self.beta.detach(),
                          content_bound=self.content_bound(), mode=self.mode)
 
-    def field_level(self, x: Tensor, state: LayerCache | None = None) -> tuple[Tensor, Tensor]:
-        """(field, level) (B, H, T) float32 for new tokens; in walk mode continues the cached walk."""
+    def field_level(self, x: Tensor, state: LayerCache | None = None,
+                    mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """(field, level) (B, H, T) float32 for new tokens; in walk mode continues the cached walk.
+        mask (B, T) bool: padding positions take no walk step and get field = level = +PAD_BIG
+        (never a minimum, never a live key)."""
         if self.mode == "free":
-            return self._per_head(self.field_proj, x), self._per_head(self.level_proj, x)
-        field = _continue_walk(self._per_head(self.increment_proj, x), state)
+            field, level = self._per_head(self.field_proj, x), self._per_head(self.level_proj, x)
+            return _pad_out(field, level, mask)
+        inc = self._per_head(self.increment_proj, x)
+        if mask is not None:
+            inc = inc.masked_fill(~mask[:, None, :], 0.0)
+        field = _continue_walk(inc, state)
         level = field if self.level_offset is None else field + self.level_offset.float()[None, :, None]
-        return field, level
+        return _pad_out(field, level, mask)
 
-    def _attend(self, q, k, v, x, state, offset):
-        field, level = self.field_level(x, state)
+    def _attend(self, q, k, v, x, state, offset, mask=None, pos=None, need_weights=False):
+        field, level = self.field_level(x, state, mask)
         if state is None:
-            return first_passage_attention(q, k, v, field, level, beta=self.beta, backend=self.backend)
-        return _fpa_cached(q, k, v, field, level, self.beta, state, self.backend)
+            o = first_passage_attention(q, k, v, field, level, beta=self.beta, backend=self.backend)
+            return o, (_dense_weights(q, k, field, level, self.beta) if need_weights else None)
+        return _fpa_cached(q, k, v, field, level, self.beta, state, self.backend, mask, pos, need_weights)
+
+
+def _pad_out(field: Tensor, level: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor]:
+    """field, level (B, H, T) with +PAD_BIG at padding positions (mask (B, T) False)."""
+    if mask is None:
+        return field, level
+    pad = ~mask[:, None, :]
+    return field.masked_fill(pad, PAD_BIG), level.masked_fill(pad, PAD_BIG)
+
+
+def _dense_weights(q: Tensor, k: Tensor, field: Tensor, level: Tensor, beta) -> Tensor:
+    """Attention probabilities (B, Hq, T, T) of a whole sequence, FPA penalties included."""
+    b = beta.detach() if torch.is_tensor(beta) else beta
+    return attention_weights(q, k, fpa_bias(field, level, field[..., :0], b), q.shape[-1] ** -0.5)
 
 
 def _continue_walk(increments: Tensor, state: LayerCache | None) -> Tensor:
@@ -219,18 +253,22 @@ def _continue_walk(increments: Tensor, state: LayerCache | None) -> Tensor:
     return field
 
 
-def _fpa_cached(q, k, v, field, level, beta, state: LayerCache, backend="auto"):
+def _fpa_cached(q, k, v, field, level, beta, state: LayerCache, backend="auto", mask=None, pos=None,
+                need_weights=False):
     """Cache form of FPA: store the T new keys, then attend over every stored key (level and
-    pm_j = min of the field after key j up to before the new tokens, FPA.md section 5).
-    q (B, Hq, T, D), k, v (B, Hkv, T, D), field/level (B, Hq, T) -> (B, Hq, T, D)."""
+    pm_j = min of the field after key j up to before the new tokens, docs/fpa.md).
+    q (B, Hq, T, D), k, v (B, Hkv, T, D), field/level (B, Hq, T) -> ((B, Hq, T, D), weights or None)."""
     past = state.past("pm", field).clone()  # the append updates pm in place
-    state.append(k, v, field=field, level=level)
+    state.append(k, v, field=field, level=level, pos=pos, mask=mask)
     k_all, v_all, level_all = state.store["k"], state.store["v"], state.store["level"]
     o = first_passage_attention(q, k_all, v_all, field, level_all, beta=beta, past_min=past, backend=backend)
-    if state.need_weights:
+    w = None
+    if state.need_weights or need_weights:
         b = beta.detach() if torch.is_tensor(beta) else beta
-        state.record_weights(attention_weights(q, k_all, fpa_bias(field, level_all, past, b), q.shape[-1] ** -0.5))
-    return o
+        w = attention_weights(q, k_all, fpa_bias(field, level_all, past, b), q.shape[-1] ** -0.5)
+        if state.need_weights:
+            state.record_weights(w)
+    return o, w
 
 
 class ForgettingAttention(AttentionBase):
@@ -252,16 +290,23 @@ class ForgettingAttention(AttentionBase):
         return LayerInfo(kind="fox", groups=self.num_heads // self.num_kv_heads,
                          beta=torch.ones(self.num_heads), content_bound=self.content_bound())
 
-    def _attend(self, q, k, v, x, state, offset):
+    def _attend(self, q, k, v, x, state, offset, mask=None, pos=None, need_weights=False):
         log_f = F.logsigmoid(self._per_head(self.fgate_proj, x))
-        if state is None:
-            return forgetting_attention(q, k, v, log_f)
-        field = _continue_walk(log_f, state)
-        return _fpa_cached(q, k, v, field, field, 1.0, state)
+        if mask is not None:
+            log_f = log_f.masked_fill(~mask[:, None, :], 0.0)  # padding adds no decay
+        if state is None and mask is None and not need_weights:
+            return forgetting_attention(q, k, v, log_f), None
+        field, level = _pad_out(*(2 * (_continue_walk(log_f, state),)), mask)
+        if state is not None:
+            return _fpa_cached(q, k, v, field, level, 1.0, state, "auto", mask, pos, need_weights)
+        # P2: FoX is FPA with field = level = cumsum(log f) and beta = 1
+        o = forgetting_attention(q, k, v, log_f) if mask is None else first_passage_attention(q, k, v, field, level, beta=1.0)
+        return o, (_dense_weights(q, k, field, level, 1.0) if need_weights else None)
 
 
 def rope(x: Tensor, pos: Tensor, theta: float) -> Tensor:
-    """Rotary position embedding of x (..., T, d) at positions pos (T,), half-split pairing.
+    """Rotary position embedding of x (..., T, d) at positions pos (T,) or, for x (B, H, T, d),
+    per-row positions (B, T); half-split pairing.
 
     The first 2 * (d // 2) channels are rotated in pairs (c, c + d // 2); for odd d the last
     channel passes through unrotated (so d = 1 carries no position at all).
@@ -269,8 +314,10 @@ def rope(x: Tensor, pos: Tensor, theta: float) -> Tensor:
     d = x.shape[-1]
     h = d // 2
     inv = 1.0 / (theta ** (torch.arange(h, device=x.device, dtype=torch.float32) * 2 / (2 * h))) if h else x.new_zeros(0).float()
-    ang = pos.float()[:, None] * inv[None, :]  # (T, d // 2)
+    ang = pos.float()[..., None] * inv  # (T, d // 2) or (B, T, d // 2)
     cos, sin = ang.cos(), ang.sin()
+    if pos.dim() == 2:
+        cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, d // 2)
     xf = x.float()
     x1, x2, rest = xf[..., :h], xf[..., h:2 * h], xf[..., 2 * h:]
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos, rest], -1).to(x.dtype)
@@ -310,32 +357,46 @@ class SoftmaxAttention(AttentionBase):
             return torch.full((self.num_heads,), float(self.alibi_slope_override))
         return alibi_slopes(self.num_heads)
 
-    def _attend(self, q, k, v, x, state, offset):
-        T = q.shape[2]
-        qpos = torch.arange(offset, offset + T, device=q.device)
+    def _attend(self, q, k, v, x, state, offset, mask=None, pos=None, need_weights=False):
+        B, T = q.shape[0], q.shape[2]
+        if pos is None and state is not None:
+            pos = state.positions(B, T, q.device, mask)  # each row counts its own real tokens
+        qpos = torch.arange(offset, offset + T, device=q.device) if pos is None else pos.to(q.device).expand(B, T)
         if self.position == "rope":
             q, k = rope(q, qpos, self.rope_theta), rope(k, qpos, self.rope_theta)
         rep = self.num_heads // self.num_kv_heads
         if state is None:
-            kpos, valid = qpos[None, None], None
+            kpos = qpos[None, None] if qpos.dim() == 1 else qpos[:, None]
+            valid = None if mask is None else mask[:, None, :]
         else:
-            state.append(k, v)
+            state.append(k, v, pos=qpos, mask=mask)
             k, v, kpos, valid = (state.store[n] for n in ("k", "v", "pos", "valid"))
             kpos, valid = kpos.repeat_interleave(rep, 1), valid.repeat_interleave(rep, 1)
-        mask = self._bias(qpos, kpos, valid, q.dtype)  # (B or 1, Hq or 1, T, Tk)
-        o = F.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1), attn_mask=mask)
-        if state is not None and state.need_weights:
-            state.record_weights(attention_weights(q, k, mask.float(), self.scale))
-        return o
+        bias = self._bias(qpos, kpos, valid, q.dtype)  # (B or 1, Hq or 1, T, Tk)
+        o = F.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1), attn_mask=bias)
+        w = None
+        if need_weights or (state is not None and state.need_weights):
+            w = attention_weights(q, k, bias.float(), self.scale)
+            if state is not None and state.need_weights:
+                state.record_weights(w)
+        return o, w
 
     def _bias(self, qpos: Tensor, kpos: Tensor, valid: Tensor | None, dtype) -> Tensor:
-        """Additive mask: -inf for future or evicted (invalid) keys, minus the ALiBi slope times the
-        distance. qpos (T,), kpos (B, H, Tk) positions, valid (B, H, Tk) or None -> (B, H, T, Tk)."""
-        rel = qpos[:, None] - kpos[..., None, :].long()  # (B, H, T, Tk)
-        allowed = rel >= 0
+        """Additive mask: -inf for future (by order), evicted or padding (invalid) keys, minus the
+        ALiBi slope times the position distance; a query always sees its own key (so a padding
+        query's row is never empty). qpos (T,) or (B, T), kpos (B, H, Tk) positions, valid
+        (B, H, Tk) or None -> (B, H, T, Tk); the last T keys are the new tokens."""
+        T, Tk = qpos.shape[-1], kpos.shape[-1]
+        qp = qpos[:, None] if qpos.dim() == 1 else qpos[:, None, :, None]
+        rel = qp - kpos[..., None, :].long()  # (B, H, T, Tk)
+        allowed = causal_block_mask(T, Tk, rel.device)
         if valid is not None:
             allowed = allowed & valid[..., None, :]
-        mask = torch.zeros(rel.shape, device=rel.device, dtype=dtype).masked_fill(~allowed, float("-inf"))
+        own = torch.zeros(T, Tk, dtype=torch.bool, device=rel.device)
+        own[:, Tk - T:] = torch.eye(T, dtype=torch.bool, device=rel.device)
+        allowed = allowed | own
+        shape = torch.broadcast_shapes(rel.shape, allowed.shape)
+        mask = torch.zeros(shape, device=rel.device, dtype=dtype).masked_fill(~allowed, float("-inf"))
         if self.position == "alibi":
             mask = mask - self.slopes.to(device=rel.device, dtype=dtype)[:, None, None] * rel.clamp(min=0).to(dtype)
         return mask
@@ -365,6 +426,16 @@ class TransformerBlock(nn.Module):
         self.mlp_norm = RMSNorm(hidden_size, eps)
         self.mlp = SwiGLU(hidden_size, intermediate_size)
 
-    def forward(self, x: Tensor, state: LayerCache | dict | None = None) -> Tensor:
-        x = x + self.attn(self.attn_norm(x), state)
-        return x + self.mlp(self.mlp_norm(x))
+    def forward(self, x: Tensor, state: LayerCache | dict | None = None, attention_mask: Tensor | None = None,
+                position_ids: Tensor | None = None, output_attentions: bool = False):
+        """x (B, T, hidden) -> (B, T, hidden), or (that, attention weights) with output_attentions."""
+        a = self.attn(self.attn_norm(x), state, attention_mask, position_ids, output_attentions)
+        a, w = a if output_attentions else (a, None)
+        x = x + a
+        x = x + self.mlp(self.mlp_norm(x))
+        return (x, w) if output_attentions else x
+
+
+import fpa as _fpa  # noqa: E402
+
+_fpa._finish_registration()  # Auto-class registration, if importing transformers here came first

@@ -1,21 +1,44 @@
-"""FPAModel / FPAForCausalLM; decoding state lives in fpa.cache.FPACache (re-exported here)."""
+"""FPAModel / FPAForCausalLM: Hugging Face models; decoding state lives in fpa.cache.FPACache.
+
+Behaves like a transformers causal LM: ``attention_mask`` (left or right padding) and
+``position_ids`` are honoured in forward and generate for every attention type (for FPA and FoX a
+padding position is no key, moves no walk and adds no decay), ``output_attentions`` returns the
+attention probabilities (FPA penalties included), ``output_hidden_states`` the hidden states,
+gradient checkpointing works, and the cache is a transformers ``Cache`` (FPACache).
+"""
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
-from torch import nn
+from torch import Tensor, nn
 from transformers import GenerationMixin, PreTrainedModel
+from transformers.cache_utils import Cache
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
 from fpa.cache import FPACache
 from fpa.layers.attention import RMSNorm, TransformerBlock
 from fpa.models.configuration_fpa import FPAConfig
 
+# transformers >= 5.3 renamed the cache output field and generate argument "past_key_values" to
+# "cache" (the old name still works there, with a deprecation warning): use the installed name.
+CACHE_ARG = "cache" if "cache" in BaseModelOutputWithPast.__dataclass_fields__ else "past_key_values"
+
+# What a cache remembers of the model that filled it (FPACache.bind).
+_SIGNATURE_FIELDS = ("attention", "fpa_mode", "num_hidden_layers", "hidden_size", "num_attention_heads",
+                     "num_key_value_heads", "fpa_level_offset", "qk_norm", "vocab_size")
+
+
+def output_cache(out) -> Cache | None:
+    """The cache of a model output, under whichever name the installed transformers uses."""
+    return out.get(CACHE_ARG) if hasattr(out, "get") else getattr(out, CACHE_ARG, None)
+
 
 class FPAPreTrainedModel(PreTrainedModel):
     config_class = FPAConfig
     base_model_prefix = "model"
     _no_split_modules = ["TransformerBlock"]
+    supports_gradient_checkpointing = True
 
     def _init_weights(self, module):
         std = self.config.initializer_range
@@ -23,6 +46,19 @@ class FPAPreTrainedModel(PreTrainedModel):
             nn.init.normal_(module.weight, std=std)
         elif isinstance(module, nn.Linear) and not getattr(module, "_fpa_custom_init", False):
             pass  # layers initialise themselves (nn.Linear default; field/gate heads custom)
+
+
+def _resolve_cache(cache, use_cache: bool | None) -> FPACache | None:
+    """The FPACache to use: the one given, a new one for an empty transformers Cache (e.g. the
+    DynamicCache a pipeline creates), a new one if use_cache and none given."""
+    if cache is None:
+        return FPACache() if use_cache else None
+    if isinstance(cache, FPACache):
+        return cache
+    if isinstance(cache, Cache) and cache.get_seq_length() == 0:
+        return FPACache()
+    raise ValueError(f"past_key_values / cache must be an fpa.cache.FPACache (or an empty transformers Cache), "
+                     f"got {type(cache).__name__}")
 
 
 class FPAModel(FPAPreTrainedModel):
@@ -35,6 +71,7 @@ class FPAModel(FPAPreTrainedModel):
                              **config.attention_kwargs())
             for _ in range(config.num_hidden_layers)])
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.gradient_checkpointing = False
         self.post_init()
 
     def get_input_embeddings(self):
@@ -43,18 +80,79 @@ class FPAModel(FPAPreTrainedModel):
     def set_input_embeddings(self, value):
         self.embed_tokens = value
 
-    def forward(self, input_ids=None, past_key_values=None, use_cache=None, inputs_embeds=None, cache=None, **kwargs):
+    def _check_input_ids(self, input_ids: Tensor) -> None:
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must have shape (batch, seq_len), got {tuple(input_ids.shape)}"
+                             + (" (use input_ids[None] for one sequence)" if input_ids.dim() == 1 else ""))
+        if input_ids.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8, torch.int8):
+            raise ValueError(f"input_ids must be integer token ids, got dtype {input_ids.dtype}")
+        if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= self.config.vocab_size):
+            raise ValueError(f"input_ids must lie in [0, vocab_size={self.config.vocab_size}), got values in "
+                             f"[{int(input_ids.min())}, {int(input_ids.max())}]")
+
+    def forward(self, input_ids: Tensor | None = None, attention_mask: Tensor | None = None,
+                position_ids: Tensor | None = None, past_key_values=None, inputs_embeds: Tensor | None = None,
+                use_cache: bool | None = None, output_attentions: bool | None = None,
+                output_hidden_states: bool | None = None, cache=None, return_dict: bool | None = None, **kwargs):
+        """input_ids (B, T) or inputs_embeds (B, T, hidden); attention_mask (B, T) or (B, past + T)
+        (1 = token, 0 = padding); position_ids (B, T). ``cache`` and ``past_key_values`` are the
+        same argument: an FPACache. Returns last_hidden_state (B, T, hidden), the cache,
+        hidden_states (layers + 1 tensors) and attentions (one (B, Hq, T, Tk) per layer) on request."""
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of input_ids and inputs_embeds")
+        if input_ids is not None:
+            self._check_input_ids(input_ids)
         x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+        B, T = x.shape[:2]
         cache = cache if cache is not None else past_key_values
-        if cache is not None and not isinstance(cache, FPACache):
-            raise ValueError(f"past_key_values / cache must be an fpa.cache.FPACache, got {type(cache).__name__}")
-        if cache is None and use_cache:
-            cache = FPACache()
+        if self.gradient_checkpointing and self.training:
+            use_cache, cache = False, None  # recomputation and a growing cache do not mix
+        cache = _resolve_cache(cache, use_cache)
+        if cache is not None:
+            cache.bind({k: getattr(self.config, k, None) for k in _SIGNATURE_FIELDS})
+        past = 0 if cache is None else cache.get_seq_length()
+        mask = _new_token_mask(attention_mask, B, T, past, x.device)
+        pos = None
+        if position_ids is not None:
+            pos = position_ids.to(x.device).long().expand(B, T)
+        elif mask is not None and cache is None:
+            pos = (torch.cumsum(mask.long(), -1) - mask.long())
+        want_attn = bool(output_attentions if output_attentions is not None else self.config.output_attentions)
+        want_hidden = bool(output_hidden_states if output_hidden_states is not None
+                           else self.config.output_hidden_states)
+        hidden, attentions = [], []
         for i, layer in enumerate(self.layers):
-            x = layer(x, None if cache is None else cache.layer(i))
+            if want_hidden:
+                hidden.append(x)
+            state = None if cache is None else cache.layer(i)
+            if self.gradient_checkpointing and self.training:
+                out = self._gradient_checkpointing_func(layer.__call__, x, state, mask, pos, want_attn)
+            else:
+                out = layer(x, state, mask, pos, want_attn)
+            if want_attn:
+                x, w = out
+                attentions.append(w)
+            else:
+                x = out
         if cache is not None:
             cache.step_done()  # the eviction policy runs after every forward call
-        return BaseModelOutputWithPast(last_hidden_state=self.norm(x), cache=cache)
+        x = self.norm(x)
+        if want_hidden:
+            hidden.append(x)
+        return BaseModelOutputWithPast(last_hidden_state=x, **{CACHE_ARG: cache},
+                                       hidden_states=tuple(hidden) if want_hidden else None,
+                                       attentions=tuple(attentions) if want_attn else None)
+
+
+def _new_token_mask(attention_mask: Tensor | None, B: int, T: int, past: int, device) -> Tensor | None:
+    """(B, T) bool mask of the T new tokens from a (B, T) or (B, past + T) mask; None if all real."""
+    if attention_mask is None:
+        return None
+    if attention_mask.dim() != 2 or attention_mask.shape[0] != B or attention_mask.shape[1] not in (T, past + T):
+        raise ValueError(f"attention_mask must have shape (batch, seq_len) = ({B}, {T}) or (batch, cached + new) = "
+                         f"({B}, {past + T}), got {tuple(attention_mask.shape)} (4-D masks are not supported)")
+    mask = attention_mask[:, -T:].to(device=device).bool()
+    return None if bool(mask.all()) else mask
 
 
 class FPAForCausalLM(FPAPreTrainedModel, GenerationMixin):
@@ -69,18 +167,43 @@ class FPAForCausalLM(FPAPreTrainedModel, GenerationMixin):
     def get_input_embeddings(self):
         return self.model.embed_tokens
 
+    def set_input_embeddings(self, value):
+        self.model.embed_tokens = value
+
     def get_output_embeddings(self):
         return self.lm_head
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
-        return False
+        return False  # the model creates its own FPACache on the first forward
 
-    def prepare_inputs_for_generation(self, input_ids, past_key_values=None, cache=None, **kwargs):
+    def prepare_inputs_for_generation(self, input_ids, past_key_values=None, attention_mask=None,
+                                      inputs_embeds=None, position_ids=None, use_cache=True, cache=None,
+                                      next_sequence_length: int | None = None, **kwargs):
+        """Feed the tokens the cache has not seen, with their mask and positions.
+
+        The count of new tokens is ``next_sequence_length`` if generate gives it, else the mask's
+        length (cached + new) minus the cached tokens; generate's chunked prefill
+        (``prefill_chunk_size``) passes each chunk as ``input_ids`` with the mask up to its end."""
         cache = cache if cache is not None else past_key_values
-        if isinstance(cache, FPACache) and cache.get_seq_length() > 0:
-            input_ids = input_ids[:, cache.get_seq_length():]
-        return {"input_ids": input_ids, "cache": cache, "use_cache": True}
+        seen = cache.get_seq_length() if isinstance(cache, Cache) else 0
+        if next_sequence_length is not None:
+            new = next_sequence_length
+        elif attention_mask is not None:
+            new = attention_mask.shape[1] - seen
+        else:
+            new = input_ids.shape[1] - seen if input_ids.shape[1] > seen else input_ids.shape[1]
+        inputs = {CACHE_ARG: cache, "use_cache": use_cache, "attention_mask": attention_mask}
+        if inputs_embeds is not None and seen == 0:
+            inputs["inputs_embeds"] = inputs_embeds[:, -new:]
+        else:
+            inputs["input_ids"] = input_ids[:, -new:]
+        if position_ids is not None:
+            inputs["position_ids"] = position_ids[:, -new:]
+        for key in ("output_attentions", "output_hidden_states"):
+            if key in kwargs:
+                inputs[key] = kwargs[key]
+        return inputs
 
     @staticmethod
     def per_token_loss(logits, labels, ignore_index: int = -100):
@@ -89,20 +212,24 @@ class FPAForCausalLM(FPAPreTrainedModel, GenerationMixin):
         return F.cross_entropy(lg.reshape(-1, lg.shape[-1]), lb.reshape(-1), ignore_index=ignore_index,
                                reduction="none").view(lb.shape)
 
-    def forward(self, input_ids=None, past_key_values=None, labels=None, use_cache=None,
-                inputs_embeds=None, return_per_token_loss=False, cache=None, **kwargs):
-        """``cache`` (transformers 5.x's name) and ``past_key_values`` are the same argument: an FPACache."""
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None, labels=None,
+                use_cache=None, inputs_embeds=None, output_attentions=None, output_hidden_states=None,
+                return_per_token_loss=False, cache=None, return_dict=None, logits_to_keep: int = 0, **kwargs):
+        """Logits (B, T, vocab) (the last ``logits_to_keep`` positions if > 0) and, with ``labels``
+        (B, T), the mean next-token loss (-100 ignored; padding is not masked by itself: set its
+        labels to -100). ``cache`` and ``past_key_values`` are the same argument: an FPACache."""
         cache = cache if cache is not None else past_key_values
-        out = self.model(input_ids=input_ids, past_key_values=cache, use_cache=use_cache,
-                         inputs_embeds=inputs_embeds)
-        logits = self.lm_head(out.last_hidden_state)
-        loss = None
-        result = CausalLMOutputWithPast(logits=logits, cache=out.cache)
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         past_key_values=cache, use_cache=use_cache, inputs_embeds=inputs_embeds,
+                         output_attentions=output_attentions, output_hidden_states=output_hidden_states)
+        h = out.last_hidden_state
+        logits = self.lm_head(h[:, -logits_to_keep:] if logits_to_keep else h)
+        result = CausalLMOutputWithPast(logits=logits, **{CACHE_ARG: output_cache(out)},
+                                        hidden_states=out.hidden_states, attentions=out.attentions)
         if labels is not None:
             tok = self.per_token_loss(logits, labels)
             n = (labels[:, 1:] != -100).sum().clamp(min=1)
-            loss = tok.sum() / n
-            result.loss = loss
+            result.loss = tok.sum() / n
             if return_per_token_loss:
                 result["per_token_loss"] = tok
         return result
