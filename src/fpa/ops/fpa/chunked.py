@@ -14,9 +14,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from fpa.ops import cpu_kernels
 from fpa.ops.chunked_attention import chunked_backward, chunked_forward
 
-DEFAULT_CHUNK = 256
+DEFAULT_CHUNK = 128
 
 
 class _FPAChunkBias:
@@ -28,12 +29,37 @@ class _FPAChunkBias:
         self.level = level  # (B, Hkv, G, Tk)
         self.beta = beta  # (1, Hkv, G, 1, 1)
         self.Tq, self.P = field.shape[-1], past_min.shape[-1]
+        self.fused = cpu_kernels.usable(field, past_min, level, beta)
+        if self.fused:  # row-block layout (B * Hq, n) of the C++ rows
+            bh = field.shape[0] * field.shape[1] * field.shape[2]
+            self.rows = [x.reshape(bh, x.shape[-1]).contiguous() for x in (field, past_min, level)]
+            self.beta_h = beta.reshape(-1).contiguous()  # (Hq,)
         if want_grad:
             # Gradient of the "virtual" vector [field | past_min]: every minimum comes from one of them.
             self.dvirtual = field.new_zeros(*field.shape[:-1], self.Tq + self.P)
             self.dlevel = torch.zeros_like(level)
             self.dbeta = torch.zeros_like(beta)
+            if self.fused:
+                self.dbeta_bh = torch.zeros(self.rows[0].shape[0], dtype=torch.float64)
         self._kept: tuple | None = None
+
+    def rows_forward(self, S: Tensor, lse: Tensor, r0: int, r1: int, scale: float) -> None:
+        f, pm, lv = self.rows
+        cpu_kernels.fpa_rows(S, None, lse, None, f, pm, lv, self.beta_h, self.beta_h.shape[0], r0, r1, scale)
+
+    def rows_backward(self, S: Tensor, dP: Tensor, lse: Tensor, delta: Tensor, r0: int, r1: int, scale: float,
+                      want: bool) -> None:
+        f, pm, lv = self.rows
+        grads = None
+        if want:
+            grads = (self.dvirtual.view(lv.shape[0], -1), self.dlevel.view(lv.shape), self.dbeta_bh)
+        cpu_kernels.fpa_rows(S, dP, lse, delta, f, pm, lv, self.beta_h, self.beta_h.shape[0], r0, r1, scale, grads)
+
+    def finish_grads(self) -> None:
+        """Fold the fused path's per-(batch, head) beta gradient into dbeta (1, Hkv, G, 1, 1)."""
+        if self.fused:
+            B = self.field.shape[0]
+            self.dbeta = self.dbeta_bh.view(B, -1).sum(0).to(self.dbeta.dtype).view(self.dbeta.shape)
 
     def _before_chunk(self, r0: int) -> tuple[Tensor, Tensor]:
         """A (..., P + r0): field minimum after each earlier key up to r0 - 1; src: its index in [field | past_min]."""
@@ -126,6 +152,7 @@ class FPAChunkedFunction(torch.autograd.Function):
         dq, dk, dv = chunked_backward(q5, k.to(dt), v.to(dt), out, lse, do5, ctx.scale, bias, ctx.chunk, bias_grad)
         dfield = dpast = dlevel = dbeta = None
         if bias_grad:
+            bias.finish_grads()
             dfield = bias.dvirtual[..., :Tq].reshape(B, Hq, Tq).to(field.dtype)
             dpast = bias.dvirtual[..., Tq:].reshape(B, Hq, -1).to(past_min.dtype)
             dlevel = bias.dlevel.reshape(B, Hq, -1).to(level.dtype)
