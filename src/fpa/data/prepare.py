@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import shutil
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -92,8 +93,32 @@ def prepare_corpus(source, out_dir: str | Path, tokenizer: str = "byte", vocab_s
             return out
         raise ValueError(f"out_dir {out} already holds a corpus prepared with {old}; pass overwrite=True "
                          f"or another out_dir to prepare {args}")
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     (out / META).unlink(missing_ok=True)
+    writers: dict[str, ShardWriter] = {}
+    try:
+        tok, n_docs, splits = _write_shards(source, out, tokenizer, vocab_size, val_fraction, seed, max_bytes,
+                                            bpe_sample_bytes, writers)
+        tok.save(out)
+    except BaseException:
+        # a failed preparation leaves nothing behind: no shards, and no folder if it made it
+        for w in writers.values():
+            w.abort()
+        if created:
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+    meta = {"format": 1, "args": args, "tokenizer": tok.kind, "vocab_size": tok.vocab_size, "eos_id": tok.eos_id,
+            "dtype": dtype_for_vocab(tok.vocab_size).name, "documents": n_docs,
+            "tokens": {s: sum(x["tokens"] for x in v) for s, v in splits.items()}, "splits": splits}
+    atomic_write_text(out / META, json.dumps(meta, indent=1) + "\n")
+    return out
+
+
+def _write_shards(source, out: Path, tokenizer: str, vocab_size, val_fraction: float, seed: int, max_bytes,
+                  bpe_sample_bytes: int, writers: dict) -> tuple:
+    """Tokenize into out's shards; fills ``writers`` (so the caller can abort them) and returns
+    (tokenizer, documents per split, shard descriptions per split)."""
     phase = int.from_bytes(hashlib.blake2b(str(seed).encode(), digest_size=8).digest(), "little") / 2**64
     docs = lambda: capped(iter_documents(source), max_bytes)  # noqa: E731
     if tokenizer == "byte":
@@ -102,7 +127,7 @@ def prepare_corpus(source, out_dir: str | Path, tokenizer: str = "byte", vocab_s
         train_docs = (d for i, d in enumerate(docs()) if not is_val(i, val_fraction, phase))
         tok = BPETokenizer.train((d.text for d in capped(train_docs, bpe_sample_bytes)), vocab_size or DEFAULT_BPE_VOCAB)
     dtype = dtype_for_vocab(tok.vocab_size)
-    writers = {s: ShardWriter(out, s, dtype) for s in ("train", "val")}
+    writers.update({s: ShardWriter(out, s, dtype) for s in ("train", "val")})
     n_docs = {"train": 0, "val": 0}
     for batch in batched(enumerate(docs()), ENCODE_BATCH):
         for (i, _), ids in zip(batch, tok.encode_batch([doc.text for _, doc in batch])):
@@ -113,9 +138,4 @@ def prepare_corpus(source, out_dir: str | Path, tokenizer: str = "byte", vocab_s
     if n_docs["train"] == 0 or (val_fraction > 0 and n_docs["val"] == 0):
         raise ValueError(f"source {source!r} gave {n_docs['train']} train and {n_docs['val']} val documents; "
                          f"need at least one of each (more text, or a larger val_fraction)")
-    tok.save(out)
-    meta = {"format": 1, "args": args, "tokenizer": tok.kind, "vocab_size": tok.vocab_size, "eos_id": tok.eos_id,
-            "dtype": dtype.name, "documents": n_docs,
-            "tokens": {s: sum(x["tokens"] for x in v) for s, v in splits.items()}, "splits": splits}
-    atomic_write_text(out / META, json.dumps(meta, indent=1) + "\n")
-    return out
+    return tok, n_docs, splits

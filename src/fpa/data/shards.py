@@ -76,6 +76,16 @@ class ShardWriter:
             self._finish()
         return self.done
 
+    def abort(self) -> None:
+        """Delete every shard this writer wrote (finished or not): a failed preparation leaves none."""
+        if self._f is not None:
+            self._f.close()
+            (self.out_dir / (self._name + ".tmp")).unlink(missing_ok=True)
+            self._f = None
+        for shard in self.done:
+            (self.out_dir / shard["file"]).unlink(missing_ok=True)
+        self.done = []
+
 
 def read_meta(data_dir: str | Path) -> dict:
     path = Path(data_dir) / META

@@ -17,37 +17,134 @@ def _ints(s: str) -> tuple[int, ...]:
     return tuple(int(x) for x in s.split(",") if x)
 
 
+def _positive_int(s: str) -> int:
+    v = int(s)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {s}")
+    return v
+
+
+def _list(kind, lo: float, hi: float, lo_open: bool = False):
+    """argparse type: a non-empty comma list of numbers in [lo, hi] ((lo, hi] with lo_open)."""
+
+    def parse(s: str) -> tuple:
+        try:
+            vals = tuple(kind(x) for x in s.split(",") if x.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a comma list of {kind.__name__}s, got {s!r}") from None
+        if not vals or any(v < lo or v > hi or (lo_open and v == lo) for v in vals):
+            rng = f"{'(' if lo_open else '['}{lo:g}, {hi:g}]"
+            raise argparse.ArgumentTypeError(f"must be a non-empty comma list of {kind.__name__}s in {rng}, got {s!r}")
+        return vals
+
+    return parse
+
+
+WHAT = ("loss", "passkey", "cache")
+
+
+def _what(s: str) -> tuple[str, ...]:
+    vals = tuple(x for x in s.split(",") if x)
+    bad = sorted(set(vals) - set(WHAT))
+    if not vals or bad:
+        raise argparse.ArgumentTypeError(f"must be a comma list of {', '.join(WHAT)}; got {s!r}")
+    return vals
+
+
 def _training_info(model_dir: Path) -> dict:
     f = model_dir / "training.json"
-    return json.loads(f.read_text()) if f.is_file() else {}
+    if not f.is_file():
+        return {}
+    try:
+        info = json.loads(f.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{f} is corrupt (not JSON: {e})") from None
+    if not isinstance(info, dict):
+        raise ValueError(f"{f} is corrupt (not a JSON object)")
+    return info
+
+
+def load_checked(model_dir: Path, device: str):
+    """(model in eval mode, tokenizer) from a saved folder, or a ValueError saying what is wrong:
+    no or corrupt config.json, an invalid config value, missing / truncated / mismatched weights,
+    no tokenizer. Unlike a bare from_pretrained, missing or unexpected weights are an error, not
+    a silently random-initialised model."""
+    import torch
+
+    from fpa.data import load_tokenizer
+    from fpa.models import FPAConfig, FPAForCausalLM
+
+    cfg_file = model_dir / "config.json"
+    if not cfg_file.is_file():
+        raise ValueError(f"--model must be a saved model folder (with config.json), got {model_dir}")
+    try:
+        json.loads(cfg_file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"--model: {cfg_file} is corrupt (not JSON: {e})") from None
+    if not any(model_dir.glob("*.safetensors")) and not any(model_dir.glob("*.bin")):
+        raise ValueError(f"--model: {model_dir} holds no weights (model.safetensors)")
+    try:
+        tok = load_tokenizer(model_dir)
+    except ValueError as e:
+        raise ValueError(f"--model: {model_dir} has no usable tokenizer ({e})") from None
+    try:
+        FPAConfig.from_pretrained(model_dir)
+    except ValueError as e:
+        raise ValueError(f"--model: {cfg_file}: {e}") from None
+    try:
+        model, info = FPAForCausalLM.from_pretrained(model_dir, output_loading_info=True)
+    except (OSError, ValueError, RuntimeError, KeyError) as e:
+        raise ValueError(f"--model: cannot load the weights in {model_dir}: {e}") from None
+    except Exception as e:  # safetensors' SafetensorError (truncated or corrupt file) derives from Exception
+        if type(e).__name__ != "SafetensorError":
+            raise
+        raise ValueError(f"--model: the weights in {model_dir} are truncated or corrupt: {e}") from None
+    bad = {k: v for k, v in info.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}
+    if bad:
+        raise ValueError(f"--model: the weights in {model_dir} do not match config.json: "
+                         + "; ".join(f"{k} {sorted(map(str, v))[:5]}" for k, v in bad.items()))
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available")
+    return model.to(device).eval(), tok
 
 
 def run_eval(args) -> int:
+    """Every check (flags, --out writable, model folder, data folder) runs before any work."""
+    from fpa.cli import writable_file
+
+    out = writable_file(args.out, "--out")
+    model_dir = Path(args.model)
+    info = _training_info(model_dir) if model_dir.is_dir() else {}
+    L = args.train_len or info.get("config", {}).get("seq_len")
+    if not L:
+        raise ValueError("--train-len is required (the model folder has no training.json)")
+    data = None
+    if "loss" in args.what:
+        from fpa.data import read_meta
+
+        data = args.data or info.get("data_dir")
+        if not data:
+            raise ValueError("--data is required for the loss (the model folder has no training.json)")
+        read_meta(data)
+    model, tok = load_checked(model_dir, args.device)
+    if "passkey" in args.what or "cache" in args.what:
+        from fpa.tasks.passkey import min_prompt_length
+
+        need = min_prompt_length(tok)
+        if L * min(args.multiples) < need:
+            raise ValueError(f"passkey prompts need >= {need} tokens, but --train-len {L} x --multiples "
+                             f"{min(args.multiples)} = {L * min(args.multiples)}; raise them or drop passkey/cache from --what")
+
     from fpa.eval.curves import policy_curve
     from fpa.eval.kv import policies_for
     from fpa.eval.loss import heldout_loss
     from fpa.eval.passkey import passkey_grid
-    from fpa.eval.reproduce import load_model
     from fpa.eval.stages import write_json
 
-    bad = sorted(set(args.what) - {"loss", "passkey", "cache"})
-    if bad:
-        raise ValueError(f"--what must be a comma list of loss, passkey, cache; got {bad}")
-    model_dir = Path(args.model)
-    if not (model_dir / "config.json").is_file():
-        raise ValueError(f"--model must be a saved model folder (config.json), got {model_dir}")
-    info = _training_info(model_dir)
-    L = args.train_len or info.get("config", {}).get("seq_len")
-    if not L:
-        raise ValueError("--train-len is required (the model folder has no training.json)")
-    model, tok = load_model(model_dir, args.device)
     attention = model.config.attention
     res = {"model": str(model_dir), "train_len": L}
     progress = not args.no_progress
     if "loss" in args.what:
-        data = args.data or info.get("data_dir")
-        if not data:
-            raise ValueError("--data is required for the loss (the model folder has no training.json)")
         res["loss"] = heldout_loss(model, data, L, args.loss_multiple, args.loss_windows, progress)
         print(f"held-out loss {res['loss']['loss']:.4f} (ppl {res['loss']['ppl']:.3f}); by multiple {res['loss']['by_multiple']}")
     lengths = [L * m for m in args.multiples]
@@ -64,8 +161,8 @@ def run_eval(args) -> int:
             for p in pts:
                 print(f"{policy} {'' if p['setting'] is None else p['setting']}: kept {p['kept_fraction']:.3f}, "
                       f"accuracy by multiple {p['accuracy_by_multiple']}")
-    write_json(args.out, res)
-    print(f"wrote {args.out}")
+    write_json(out, res)
+    print(f"wrote {out}")
     return 0
 
 
@@ -90,24 +187,27 @@ def add_parser(subparsers) -> None:
     e = subparsers.add_parser("eval", help="evaluate a trained model: per-position loss, passkey grid, cache policies",
                               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     e.add_argument("--model", required=True, help="saved model folder (fpa train's out_dir/model)")
-    e.add_argument("--out", required=True, help="JSON file to write")
+    e.add_argument("--out", required=True, help="JSON file to write (checked writable before the evaluation)")
     e.add_argument("--data", help="prepared data folder (default: the one the model was trained on)")
-    e.add_argument("--train-len", type=int, help="training length (default: from training.json)")
-    e.add_argument("--what", type=lambda s: tuple(s.split(",")), default=("loss", "passkey", "cache"),
-                   help="comma list of loss, passkey, cache")
-    e.add_argument("--loss-multiple", type=int, default=8)
-    e.add_argument("--loss-windows", type=int, default=8)
-    e.add_argument("--multiples", type=_ints, default=(1, 2, 4, 8, 16))
-    e.add_argument("--depths", type=_floats, default=(0.0, 0.25, 0.5, 0.75, 1.0))
-    e.add_argument("--trials", type=int, default=10)
-    e.add_argument("--fractions", type=_floats, default=(0.1, 0.15, 0.2, 0.25, 0.35, 0.5),
-                   help="kept fractions for the budget policies (window, streamingllm, tova, h2o)")
-    e.add_argument("--thresholds", type=_floats, default=(2.0, 4.0, 6.0, 8.0, 16.0, 32.0),
-                   help="thresholds tau for the model's own eviction rule (FPA, FoX); each reports its kept fraction")
-    e.add_argument("--chunk-size", type=int, default=256)
-    e.add_argument("--seed", type=int, default=0)
-    e.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    e.add_argument("--no-progress", action="store_true")
+    e.add_argument("--train-len", type=_positive_int, help="training length (default: from training.json)")
+    e.add_argument("--what", type=_what, default=WHAT, help="comma list of loss, passkey, cache")
+    e.add_argument("--loss-multiple", type=_positive_int, default=8,
+                   help="the loss is measured on windows of this many times the training length")
+    e.add_argument("--loss-windows", type=_positive_int, default=8, help="held-out windows for the loss")
+    e.add_argument("--multiples", type=_list(int, 1, 1 << 20), default=(1, 2, 4, 8, 16),
+                   help="passkey prompt lengths, as comma-separated multiples (>= 1) of the training length")
+    e.add_argument("--depths", type=_list(float, 0.0, 1.0), default=(0.0, 0.25, 0.5, 0.75, 1.0),
+                   help="passkey depths in [0, 1] (0: at the start of the prompt, 1: at the end)")
+    e.add_argument("--trials", type=_positive_int, default=10, help="prompts per (length, depth) cell")
+    e.add_argument("--fractions", type=_list(float, 0.0, 1.0, lo_open=True), default=(0.1, 0.15, 0.2, 0.25, 0.35, 0.5),
+                   help="kept fractions in (0, 1] for the budget policies (window, streamingllm, tova, h2o)")
+    e.add_argument("--thresholds", type=_list(float, 0.0, float("inf"), lo_open=True),
+                   default=(2.0, 4.0, 6.0, 8.0, 16.0, 32.0),
+                   help="thresholds tau > 0 for the model's own eviction rule (FPA, FoX); each reports its kept fraction")
+    e.add_argument("--chunk-size", type=_positive_int, default=256, help="prefill chunk (tokens per forward)")
+    e.add_argument("--seed", type=int, default=0, help="seed of the passkey prompts")
+    e.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where the model runs")
+    e.add_argument("--no-progress", action="store_true", help="no progress bars")
     e.set_defaults(func=run_eval)
     r = subparsers.add_parser("reproduce", help="train the five methods, run every evaluation, write the report")
     r.add_argument("--preset", required=True, choices=tuple(PRESETS))
@@ -123,5 +223,5 @@ def add_parser(subparsers) -> None:
     r.add_argument("--data-source", help="corpus instead of the preset's (a path, a list file or hf:NAME; "
                                          "see fpa prepare-data); recorded in the run's config")
     r.add_argument("--max-bytes", type=int, help="with --data-source: cap on the corpus size in bytes")
-    r.add_argument("--no-progress", action="store_true")
+    r.add_argument("--no-progress", action="store_true", help="no progress bars")
     r.set_defaults(func=run_reproduce)

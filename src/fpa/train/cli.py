@@ -10,6 +10,65 @@ from dataclasses import fields
 # flags of `fpa train`: every TrainConfig field except these gets --kebab-name (type from the default)
 _SPECIAL = {"model_overrides", "data_source", "progress", "tensorboard", "out_dir", "verify_data"}
 
+HELP = {
+    "data_dir": "prepared data folder (fpa prepare-data); default: prepare --data-source into OUT_DIR/data",
+    "tokenizer": "tokenizer for on-the-fly preparation",
+    "vocab_size": "BPE vocabulary size for on-the-fly preparation (byte: fixed 257)",
+    "max_bytes": "cap on the corpus size in bytes for on-the-fly preparation",
+    "preset": "model size preset (fpa.models.PRESETS)",
+    "attention": "attention type of every layer",
+    "fpa_mode": "FPA field mode: free (field and level heads) or walk (one learned walk)",
+    "seq_len": "training sequence length in tokens",
+    "batch_size": "GLOBAL sequences per optimizer step (split over processes and --grad-accum)",
+    "grad_accum": "micro-batches per optimizer step",
+    "steps": "optimizer steps",
+    "lr": "peak learning rate (AdamW)",
+    "warmup_steps": "linear warm-up steps",
+    "min_lr_ratio": "final learning rate / peak (cosine decay), in [0, 1]",
+    "weight_decay": "AdamW weight decay (matrices only)",
+    "beta1": "AdamW beta1, in [0, 1]",
+    "beta2": "AdamW beta2, in [0, 1]",
+    "grad_clip": "gradient-norm clip (0: none)",
+    "seed": "seed of the model initialisation and the data order",
+    "ckpt_every": "steps between checkpoints",
+    "keep_checkpoints": "checkpoints kept (older ones are deleted)",
+    "log_every": "steps between metrics lines",
+    "eval_every": "steps between held-out evaluations",
+    "eval_batches": "batches per held-out evaluation",
+    "device": "where to train",
+    "precision": "compute precision (auto: bf16 on CUDA, fp32 on CPU)",
+    "parallel": "multi-process strategy under torchrun",
+    "mix_task": "task whose samples are mixed into training (fpa.tasks.TASK_MIXERS)",
+    "mix_rate": "fraction of sequences replaced by --mix-task samples, in [0, 1]",
+}
+
+
+def _choices(name: str) -> tuple | None:
+    from fpa.train import config as c
+
+    fixed = {"device": c.DEVICES, "parallel": c.PARALLEL, "precision": c.PRECISIONS, "tokenizer": c.TOKENIZERS}
+    if name in fixed:
+        return fixed[name]
+    if name in ("preset", "attention", "fpa_mode"):
+        from fpa.models.configuration_fpa import FIELDS, PRESETS
+
+        return tuple(PRESETS) if name == "preset" else tuple(FIELDS[name][1])
+    if name == "mix_task":
+        from fpa.tasks import TASK_MIXERS
+
+        return tuple(TASK_MIXERS)
+    return None
+
+
+def _json_dict(text: str) -> dict:
+    try:
+        d = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"must be a JSON object, e.g. '{{\"hidden_size\": 64}}' ({e})") from None
+    if not isinstance(d, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object, got {type(d).__name__}")
+    return d
+
 
 def _train_flags(p: argparse.ArgumentParser) -> None:
     from fpa.train.config import TrainConfig
@@ -17,7 +76,8 @@ def _train_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="JSON or YAML file of TrainConfig settings (flags override it)")
     p.add_argument("--out-dir", help="run folder: checkpoints, metrics.jsonl, model/ (resumes if it has checkpoints)")
     p.add_argument("--data-source", nargs="+", help="corpus to prepare on the fly: stdlib | file | folder | glob | hf:NAME[:CONFIG]")
-    p.add_argument("--model-overrides", type=json.loads, help='JSON dict of FPAConfig fields, e.g. \'{"hidden_size": 64}\'')
+    p.add_argument("--model-overrides", type=_json_dict,
+                   help='JSON object of FPAConfig fields, e.g. \'{"hidden_size": 64}\' (unknown keys are an error)')
     p.add_argument("--no-progress", dest="progress", action="store_const", const=False, help="no progress bar")
     p.add_argument("--no-verify-data", dest="verify_data", action="store_const", const=False,
                    help="skip the sha256 check of the shards at start (sizes are still checked)")
@@ -29,11 +89,12 @@ def _train_flags(p: argparse.ArgumentParser) -> None:
         kind = {int: int, float: float}.get(type(default), str)
         if f.name in ("vocab_size", "max_bytes"):
             kind = int
-        p.add_argument("--" + f.name.replace("_", "-"), type=kind, default=None,
-                       help=f"(default {default!r})")
+        p.add_argument("--" + f.name.replace("_", "-"), type=kind, default=None, choices=_choices(f.name),
+                       help=f"{HELP[f.name]} (default {default!r})")
 
 
 def _run_train(args: argparse.Namespace) -> int:
+    from fpa.cli import writable_dir
     from fpa.train import TrainConfig, train
 
     given = {k: v for k, v in vars(args).items() if k not in ("config", "func", "command") and v is not None}
@@ -45,6 +106,11 @@ def _run_train(args: argparse.Namespace) -> int:
         if "out_dir" not in given:
             raise ValueError("out_dir must be given (--out-dir or in --config)")
         cfg = TrainConfig.from_dict(given)
+    writable_dir(cfg.out_dir, "--out-dir" if "out_dir" in given else "out_dir")
+    if cfg.data_dir is not None:
+        from fpa.data import read_meta
+
+        read_meta(cfg.data_dir)
     summary = train(cfg)
     if os.environ.get("RANK", "0") == "0":  # under torchrun, one summary
         print(json.dumps(summary, indent=1))
@@ -54,6 +120,9 @@ def _run_train(args: argparse.Namespace) -> int:
 def _run_prepare(args: argparse.Namespace) -> int:
     from fpa.data import prepare_corpus, read_meta
 
+    from fpa.cli import writable_dir
+
+    writable_dir(args.out_dir, "--out-dir")
     source = args.source[0] if len(args.source) == 1 else args.source
     out = prepare_corpus(source, args.out_dir, tokenizer=args.tokenizer, vocab_size=args.vocab_size,
                          val_fraction=args.val_fraction, seed=args.seed, max_bytes=args.max_bytes,
@@ -73,11 +142,11 @@ def add_parser(subparsers) -> None:
     q = subparsers.add_parser("prepare-data", help="tokenize a corpus into memory-mapped token shards",
                               description="Tokenize a corpus into out_dir (train/val shards, tokenizer, meta.json).")
     q.add_argument("source", nargs="+", help="stdlib | file | folder | glob | hf:NAME[:CONFIG] (several allowed)")
-    q.add_argument("--out-dir", required=True)
-    q.add_argument("--tokenizer", default="byte", choices=("byte", "bpe"))
+    q.add_argument("--out-dir", required=True, help="folder for the shards, tokenizer and meta.json")
+    q.add_argument("--tokenizer", default="byte", choices=("byte", "bpe"), help="byte (257 ids) or a BPE trained here")
     q.add_argument("--vocab-size", type=int, default=None, help="BPE vocabulary size (default 8192)")
-    q.add_argument("--val-fraction", type=float, default=0.05)
-    q.add_argument("--seed", type=int, default=0)
+    q.add_argument("--val-fraction", type=float, default=0.05, help="share of documents held out, in [0, 1)")
+    q.add_argument("--seed", type=int, default=0, help="seed of the train/val split")
     q.add_argument("--max-bytes", type=int, default=None, help="cap on the corpus size in bytes")
     q.add_argument("--overwrite", action="store_true", help="replace a different preparation in out_dir")
     q.set_defaults(func=_run_prepare)
