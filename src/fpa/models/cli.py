@@ -19,8 +19,11 @@ def _model_info(args: argparse.Namespace) -> int:
 
 
 def add_parser(sub) -> None:
+    from fpa.models.configuration_fpa import FIELDS, PRESETS
+
     mi = sub.add_parser("model-info", help="parameter count and layout of a preset")
-    mi.add_argument("--preset", default="110m")
-    mi.add_argument("--attention", default="fpa")
-    mi.add_argument("--fpa-mode", default="free")
+    mi.add_argument("--preset", default="110m", choices=tuple(PRESETS), help="model size preset")
+    mi.add_argument("--attention", default="fpa", choices=tuple(FIELDS["attention"][1]), help="attention type")
+    mi.add_argument("--fpa-mode", default="free", choices=tuple(FIELDS["fpa_mode"][1]),
+                    help="FPA field mode (free: field and level heads; walk: one learned walk)")
     mi.set_defaults(func=_model_info)

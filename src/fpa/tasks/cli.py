@@ -63,12 +63,9 @@ def _synth(args: argparse.Namespace) -> int:
 
     import torch
 
-    from fpa.tasks.capacity import RECIPES, TrainConfig, run_grid
-    from fpa.tasks.construct import constructive_check
+    from fpa.tasks.capacity import RECIPES
     from fpa.tasks.nested import TASKS
     from fpa.tasks.packed import METHODS
-    from fpa.data.atomic import atomic_write_bytes
-    from fpa.tasks.report import write_all
 
     o = _resolve(args)
     tasks = _names("task", o["task"], TASKS)
@@ -76,6 +73,13 @@ def _synth(args: argparse.Namespace) -> int:
     dims = _ints("dims", o["dims"], 1)
     ms = _ints("ms", o["ms"], 1)
     seeds = _ints("seeds", o["seeds"], 0)
+    if int(o["construct_n"]) < 0:
+        raise ValueError(f"--construct-n must be >= 0 (0: skip the constructive check), got {o['construct_n']}")
+    if args.threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    from fpa.cli import writable_dir
+
+    writable_dir(args.out, "--out")
     if args.recipe not in RECIPES:
         raise ValueError(f"--recipe must be one of {tuple(RECIPES)}, got {args.recipe!r}")
     recipe = dict(RECIPES[args.recipe])
@@ -88,11 +92,28 @@ def _synth(args: argparse.Namespace) -> int:
         raise ValueError(f"--lr must be > 0, got {recipe['lr']}")
     torch.set_num_threads(args.threads)
     out = Path(args.out)
-    cfg = TrainConfig(**recipe)
-    records = run_grid(tasks, methods, dims, ms, seeds, cfg, progress=not args.no_progress)
+    created = not out.exists()
+    try:
+        return _run(args, o, tasks, methods, dims, ms, seeds, recipe, out)
+    except BaseException:
+        if created:  # a failed run leaves no half-written output folder
+            import shutil
+
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+
+
+def _run(args, o, tasks, methods, dims, ms, seeds, recipe, out) -> int:
     import dataclasses
     import json
 
+    from fpa.data.atomic import atomic_write_bytes
+    from fpa.tasks.capacity import TrainConfig, run_grid
+    from fpa.tasks.construct import constructive_check
+    from fpa.tasks.report import write_all
+
+    cfg = TrainConfig(**recipe)
+    records = run_grid(tasks, methods, dims, ms, seeds, cfg, progress=not args.no_progress)
     meta = dict(tasks=tasks, methods=methods, dims=dims, ms=ms, seeds=seeds, preset=args.preset, recipe=args.recipe,
                 config=dataclasses.asdict(cfg))
     files = write_all(records, out, meta)
@@ -117,8 +138,8 @@ def add_parser(sub) -> None:
     p.add_argument("--methods", help=f"comma-separated subset of {ALL_METHODS}")
     p.add_argument("--dims", help="comma-separated head dimensions d >= 1")
     p.add_argument("--ms", help="comma-separated numbers of live target keys / depths m >= 1")
-    p.add_argument("--seeds", help="comma-separated integer seeds")
-    p.add_argument("--recipe", default="dense",
+    p.add_argument("--seeds", help="comma-separated integer seeds >= 0")
+    p.add_argument("--recipe", default="dense", choices=("dense", "legacy"),
                    help="training recipe, the same for every method: dense (default: loss at every position "
                         "with a defined answer, 800 x 16, lr 3e-2, warm-up + cosine, per-model clip 1) or "
                         "legacy (final-query loss, 400 x 32, constant lr 1e-2)")
@@ -126,9 +147,9 @@ def add_parser(sub) -> None:
     p.add_argument("--batch", type=int, help="sequences per step and seed (default: the recipe's)")
     p.add_argument("--lr", type=float, help="peak Adam learning rate (default: the recipe's)")
     p.add_argument("--construct-n", dest="construct_n", type=int,
-                   help="instances per cell of the constructive check (0: skip)")
-    p.add_argument("--preset", help="quick or full: defaults for every option not given")
-    p.add_argument("--threads", type=int, default=1, help="torch threads")
+                   help="instances per cell of the constructive check, >= 0 (0: skip)")
+    p.add_argument("--preset", choices=tuple(PRESETS), help="defaults for every option not given")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (>= 1)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--out", required=True, help="output folder (removed again if this run made it and fails)")
     p.set_defaults(func=_synth)
