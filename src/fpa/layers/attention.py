@@ -224,7 +224,8 @@ class FirstPassageAttention(AttentionBase):
     def _attend(self, q, k, v, x, state, offset, mask=None, pos=None, need_weights=False):
         field, level = self.field_level(x, state, mask)
         if state is None:
-            o = first_passage_attention(q, k, v, field, level, beta=self.beta, backend=self.backend)
+            o = first_passage_attention(q, k, v, field, level, beta=self.beta, backend=self.backend,
+                                        check_inputs=False)  # built here: no value checks, no host sync
             return o, (_dense_weights(q, k, field, level, self.beta) if need_weights else None)
         return _fpa_cached(q, k, v, field, level, self.beta, state, self.backend, mask, pos, need_weights)
 
@@ -295,7 +296,7 @@ class ForgettingAttention(AttentionBase):
         if mask is not None:
             log_f = log_f.masked_fill(~mask[:, None, :], 0.0)  # padding adds no decay
         if state is None and mask is None and not need_weights:
-            return forgetting_attention(q, k, v, log_f), None
+            return forgetting_attention(q, k, v, log_f, check_inputs=False), None
         field, level = _pad_out(*(2 * (_continue_walk(log_f, state),)), mask)
         if state is not None:
             return _fpa_cached(q, k, v, field, level, 1.0, state, "auto", mask, pos, need_weights)
