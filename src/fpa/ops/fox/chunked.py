@@ -42,40 +42,74 @@ class _FoXChunkBias:
         self.dcum[..., : P + r1] -= ds.sum(dim=-2)
 
 
-class FoXChunkedFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, log_fgate, scale: float, chunk: int):
-        """q (B, Hq, Tq, D); k, v (B, Hkv, Tk, *); log_fgate (B, Hq, Tk) -> (B, Hq, Tq, Dv)."""
-        dt = torch.float64 if q.dtype == torch.float64 or log_fgate.dtype == torch.float64 else torch.float32
-        B, Hq, Tq, D = q.shape
-        Hkv, Tk = k.shape[1], k.shape[2]
-        G = Hq // Hkv
-        cum = torch.cumsum(log_fgate.to(dt), dim=-1).reshape(B, Hkv, G, Tk)
-        out, lse = chunked_forward(q.to(dt).reshape(B, Hkv, G, Tq, D), k.to(dt), v.to(dt), scale, _FoXChunkBias(cum, Tq, False), chunk)
-        ctx.save_for_backward(q, k, v, log_fgate, out, lse)
-        ctx.scale, ctx.chunk = scale, chunk
-        return out.reshape(B, Hq, Tq, -1).to(q.dtype)
+def _math_dtype(q: Tensor, log_fgate: Tensor) -> torch.dtype:
+    return torch.float64 if q.dtype == torch.float64 or log_fgate.dtype == torch.float64 else torch.float32
 
-    @staticmethod
-    def backward(ctx, dout):
-        q, k, v, log_fgate, out, lse = ctx.saved_tensors
-        dt = out.dtype
-        B, Hq, Tq, D = q.shape
-        Hkv, Tk = k.shape[1], k.shape[2]
-        G = Hq // Hkv
-        want = ctx.needs_input_grad[3]
-        cum = torch.cumsum(log_fgate.to(dt), dim=-1).reshape(B, Hkv, G, Tk)
-        bias = _FoXChunkBias(cum, Tq, want)
-        dq, dk, dv = chunked_backward(
-            q.to(dt).reshape(B, Hkv, G, Tq, D), k.to(dt), v.to(dt), out, lse,
-            dout.to(dt).reshape(B, Hkv, G, Tq, -1), ctx.scale, bias, ctx.chunk, want,
-        )
-        dlog = None
-        if want:
-            # d/dlogf_u = sum_{t >= u} dcum_t
-            dlog = bias.dcum.flip(-1).cumsum(-1).flip(-1).reshape(B, Hq, Tk).to(log_fgate.dtype)
-        return dq.reshape(q.shape).to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dlog, None, None
+
+# Custom ops, like fpa.ops.fpa.chunked: opaque to torch.compile (no graph break, same kernels).
+@torch.library.custom_op("fpa::fox_chunked_forward", mutates_args=())
+def _forward_op(q: Tensor, k: Tensor, v: Tensor, log_fgate: Tensor, scale: float, chunk: int) -> tuple[Tensor, Tensor]:
+    """-> out (B, Hq, Tq, Dv) and lse (B, Hq, Tq) in the math dtype."""
+    dt = _math_dtype(q, log_fgate)
+    B, Hq, Tq, D = q.shape
+    Hkv, Tk = k.shape[1], k.shape[2]
+    G = Hq // Hkv
+    cum = torch.cumsum(log_fgate.to(dt), dim=-1).reshape(B, Hkv, G, Tk)
+    out, lse = chunked_forward(q.to(dt).reshape(B, Hkv, G, Tq, D), k.to(dt), v.to(dt), scale, _FoXChunkBias(cum, Tq, False), chunk)
+    return out.reshape(B, Hq, Tq, -1), lse.reshape(B, Hq, Tq)
+
+
+@_forward_op.register_fake
+def _(q, k, v, log_fgate, scale, chunk):
+    dt = _math_dtype(q, log_fgate)
+    B, Hq, Tq, _ = q.shape
+    return q.new_empty(B, Hq, Tq, v.shape[-1], dtype=dt), q.new_empty(B, Hq, Tq, dtype=dt)
+
+
+@torch.library.custom_op("fpa::fox_chunked_backward", mutates_args=())
+def _backward_op(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, log_fgate: Tensor, out: Tensor, lse: Tensor,
+                 scale: float, chunk: int, want: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """-> dq, dk, dv, dlog_fgate (zero unless want) in the inputs' dtypes."""
+    dt = out.dtype
+    B, Hq, Tq, D = q.shape
+    Hkv, Tk = k.shape[1], k.shape[2]
+    G = Hq // Hkv
+    cum = torch.cumsum(log_fgate.to(dt), dim=-1).reshape(B, Hkv, G, Tk)
+    bias = _FoXChunkBias(cum, Tq, want)
+    do5 = dout.to(dt).reshape(B, Hkv, G, Tq, -1)
+    dq, dk, dv = chunked_backward(
+        q.to(dt).reshape(B, Hkv, G, Tq, D), k.to(dt), v.to(dt), out.reshape(do5.shape), lse.reshape(do5.shape[:-1]),
+        do5, scale, bias, chunk, want,
+    )
+    if want:
+        # d/dlogf_u = sum_{t >= u} dcum_t
+        dlog = bias.dcum.flip(-1).cumsum(-1).flip(-1).reshape(B, Hq, Tk).to(log_fgate.dtype)
+    else:
+        dlog = torch.zeros_like(log_fgate)
+    return dq.reshape(q.shape).to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dlog
+
+
+@_backward_op.register_fake
+def _(dout, q, k, v, log_fgate, out, lse, scale, chunk, want):
+    return tuple(torch.empty_like(x) for x in (q, k, v, log_fgate))
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    q, k, v, log_fgate, scale, chunk = inputs
+    ctx.save_for_backward(q, k, v, log_fgate, *output)
+    ctx.scale, ctx.chunk = scale, chunk
+
+
+def _backward(ctx, dout: Tensor, dlse: Tensor | None):
+    q, k, v, log_fgate, out, lse = ctx.saved_tensors
+    grads = _backward_op(dout, q, k, v, log_fgate, out, lse, ctx.scale, ctx.chunk, ctx.needs_input_grad[3])
+    return (*(g if need else None for g, need in zip(grads, ctx.needs_input_grad[:4])), None, None)
+
+
+_forward_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 def fox_chunked(q: Tensor, k: Tensor, v: Tensor, log_fgate: Tensor, scale: float, chunk: int = DEFAULT_CHUNK) -> Tensor:
-    return FoXChunkedFunction.apply(q, k, v, log_fgate, scale, chunk)
+    """q (B, Hq, Tq, D); k, v (B, Hkv, Tk, *); log_fgate (B, Hq, Tk) -> (B, Hq, Tq, Dv) in q's dtype."""
+    out, _ = _forward_op(q, k, v, log_fgate, float(scale), int(chunk))
+    return out.to(q.dtype)

@@ -117,47 +117,87 @@ class _FPAChunkBias:
         self.dvirtual.scatter_add_(-1, (local_idx + r0).flatten(-2), g_local.flatten(-2))
 
 
-class FPAChunkedFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, field, level, past_min, beta, scale: float, chunk: int):
-        """q (B, Hq, Tq, D); k, v (B, Hkv, Tk, *); field (B, Hq, Tq); level (B, Hq, Tk);
-        past_min (B, Hq, Tk - Tq); beta (Hq,). Returns (B, Hq, Tq, Dv) in q's dtype."""
-        dt = torch.float64 if q.dtype == torch.float64 or field.dtype == torch.float64 else torch.float32
-        B, Hq, Tq, D = q.shape
-        Hkv = k.shape[1]
-        G = Hq // Hkv
-        q5 = q.to(dt).reshape(B, Hkv, G, Tq, D)
-        kk, vv = k.to(dt), v.to(dt)
-        grouped = [x.to(dt).reshape(B, Hkv, G, x.shape[-1]) for x in (field, past_min, level)]
-        b5 = beta.to(dt).reshape(1, Hkv, G, 1, 1)
-        bias = _FPAChunkBias(*grouped, b5, want_grad=False)
-        out, lse = chunked_forward(q5, kk, vv, scale, bias, chunk)
-        ctx.save_for_backward(q, k, v, field, level, past_min, beta, out, lse)
-        ctx.scale, ctx.chunk = scale, chunk
-        return out.reshape(B, Hq, Tq, -1).to(q.dtype)
+def _math_dtype(q: Tensor, field: Tensor) -> torch.dtype:
+    return torch.float64 if q.dtype == torch.float64 or field.dtype == torch.float64 else torch.float32
 
-    @staticmethod
-    def backward(ctx, dout):
-        q, k, v, field, level, past_min, beta, out, lse = ctx.saved_tensors
-        dt = out.dtype
-        B, Hq, Tq, D = q.shape
-        Hkv = k.shape[1]
-        G = Hq // Hkv
-        q5 = q.to(dt).reshape(B, Hkv, G, Tq, D)
-        grouped = [x.to(dt).reshape(B, Hkv, G, x.shape[-1]) for x in (field, past_min, level)]
-        b5 = beta.to(dt).reshape(1, Hkv, G, 1, 1)
-        bias_grad = any(ctx.needs_input_grad[3:7])
-        bias = _FPAChunkBias(*grouped, b5, want_grad=bias_grad)
-        do5 = dout.to(dt).reshape(B, Hkv, G, Tq, -1)
-        dq, dk, dv = chunked_backward(q5, k.to(dt), v.to(dt), out, lse, do5, ctx.scale, bias, ctx.chunk, bias_grad)
-        dfield = dpast = dlevel = dbeta = None
-        if bias_grad:
-            bias.finish_grads()
-            dfield = bias.dvirtual[..., :Tq].reshape(B, Hq, Tq).to(field.dtype)
-            dpast = bias.dvirtual[..., Tq:].reshape(B, Hq, -1).to(past_min.dtype)
-            dlevel = bias.dlevel.reshape(B, Hq, -1).to(level.dtype)
-            dbeta = bias.dbeta.reshape(Hq).to(beta.dtype)
-        return (dq.reshape(q.shape).to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dfield, dlevel, dpast, dbeta, None, None)
+
+def _grouped(q: Tensor, k: Tensor, field: Tensor, past_min: Tensor, level: Tensor, beta: Tensor, dt: torch.dtype):
+    """q5 (B, Hkv, G, Tq, D), [field, past_min, level] as (B, Hkv, G, n), beta (1, Hkv, G, 1, 1), in dt."""
+    B, Hq, Tq, D = q.shape
+    Hkv = k.shape[1]
+    G = Hq // Hkv
+    grouped = [x.to(dt).reshape(B, Hkv, G, x.shape[-1]) for x in (field, past_min, level)]
+    return q.to(dt).reshape(B, Hkv, G, Tq, D), grouped, beta.to(dt).reshape(1, Hkv, G, 1, 1)
+
+
+# Custom ops (not an autograd.Function): opaque to torch.compile, so a compiled model runs the
+# same kernels as eager, with no graph break and no recompilation (the shapes are symbolic).
+@torch.library.custom_op("fpa::chunked_forward", mutates_args=())
+def _forward_op(q: Tensor, k: Tensor, v: Tensor, field: Tensor, level: Tensor, past_min: Tensor, beta: Tensor,
+                scale: float, chunk: int) -> tuple[Tensor, Tensor]:
+    """-> out (B, Hq, Tq, Dv) and lse (B, Hq, Tq), both in the math dtype (float32 or float64)."""
+    dt = _math_dtype(q, field)
+    B, Hq, Tq, _ = q.shape
+    q5, grouped, b5 = _grouped(q, k, field, past_min, level, beta, dt)
+    bias = _FPAChunkBias(*grouped, b5, want_grad=False)
+    out, lse = chunked_forward(q5, k.to(dt), v.to(dt), scale, bias, chunk)
+    return out.reshape(B, Hq, Tq, -1), lse.reshape(B, Hq, Tq)
+
+
+@_forward_op.register_fake
+def _(q, k, v, field, level, past_min, beta, scale, chunk):
+    dt = _math_dtype(q, field)
+    B, Hq, Tq, _ = q.shape
+    return q.new_empty(B, Hq, Tq, v.shape[-1], dtype=dt), q.new_empty(B, Hq, Tq, dtype=dt)
+
+
+@torch.library.custom_op("fpa::chunked_backward", mutates_args=())
+def _backward_op(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, field: Tensor, level: Tensor, past_min: Tensor,
+                 beta: Tensor, out: Tensor, lse: Tensor, scale: float, chunk: int,
+                 bias_grad: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """-> dq, dk, dv, dfield, dlevel, dpast_min, dbeta in the inputs' dtypes (the last four zero
+    unless bias_grad)."""
+    dt = out.dtype
+    B, Hq, Tq, _ = q.shape
+    Hkv = k.shape[1]
+    q5, grouped, b5 = _grouped(q, k, field, past_min, level, beta, dt)
+    bias = _FPAChunkBias(*grouped, b5, want_grad=bias_grad)
+    do5 = dout.to(dt).reshape(B, Hkv, Hq // Hkv, Tq, -1)
+    out5 = out.reshape(do5.shape)
+    lse5 = lse.reshape(do5.shape[:-1])
+    dq, dk, dv = chunked_backward(q5, k.to(dt), v.to(dt), out5, lse5, do5, scale, bias, chunk, bias_grad)
+    if bias_grad:
+        bias.finish_grads()
+        # copies: two views of one buffer may not both be returned from a custom op
+        dfield = bias.dvirtual[..., :Tq].reshape(B, Hq, Tq).to(field.dtype, copy=True)
+        dpast = bias.dvirtual[..., Tq:].reshape(B, Hq, -1).to(past_min.dtype, copy=True)
+        dlevel = bias.dlevel.reshape(B, Hq, -1).to(level.dtype)
+        dbeta = bias.dbeta.reshape(Hq).to(beta.dtype)
+    else:
+        dfield, dpast, dlevel, dbeta = (torch.zeros_like(x) for x in (field, past_min, level, beta))
+    return dq.reshape(q.shape).to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dfield, dlevel, dpast, dbeta
+
+
+@_backward_op.register_fake
+def _(dout, q, k, v, field, level, past_min, beta, out, lse, scale, chunk, bias_grad):
+    return tuple(torch.empty_like(x) for x in (q, k, v, field, level, past_min, beta))
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    q, k, v, field, level, past_min, beta, scale, chunk = inputs
+    ctx.save_for_backward(q, k, v, field, level, past_min, beta, *output)
+    ctx.scale, ctx.chunk = scale, chunk
+
+
+def _backward(ctx, dout: Tensor, dlse: Tensor | None):
+    q, k, v, field, level, past_min, beta, out, lse = ctx.saved_tensors
+    bias_grad = any(ctx.needs_input_grad[3:7])
+    grads = _backward_op(dout, q, k, v, field, level, past_min, beta, out, lse, ctx.scale, ctx.chunk, bias_grad)
+    grads = [g if need else None for g, need in zip(grads, ctx.needs_input_grad[:7])]
+    return (*grads, None, None)
+
+
+_forward_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 def fpa_chunked(
@@ -171,5 +211,8 @@ def fpa_chunked(
     scale: float,
     chunk: int = DEFAULT_CHUNK,
 ) -> Tensor:
-    """Chunked FPA in the cache form: field (B, Hq, Tq) at the query positions, past_min (B, Hq, Tk - Tq)."""
-    return FPAChunkedFunction.apply(q, k, v, field, level, past_min, beta, scale, chunk)
+    """Chunked FPA in the cache form: q (B, Hq, Tq, D); k, v (B, Hkv, Tk, *); field (B, Hq, Tq) at
+    the query positions; level (B, Hq, Tk); past_min (B, Hq, Tk - Tq); beta (Hq,).
+    Returns (B, Hq, Tq, Dv) in q's dtype."""
+    out, _ = _forward_op(q, k, v, field, level, past_min, beta, float(scale), int(chunk))
+    return out.to(q.dtype)
