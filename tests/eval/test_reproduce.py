@@ -57,10 +57,11 @@ def test_smoke_writes_every_file(smoke_run):
             continue
         own = {"fpa": "fpa", "fox": "fox"}[m["attention"]]
         budget = ["window", "streamingllm", "tova", "h2o"] if n in ("fpa-walk", "fox") else []
-        assert list(curves) == ["full", own] + budget
+        hybrid = [f"{own}+{b}" for b in ("h2o", "tova", "window")] if n in ("fpa-walk", "fox") else []
+        assert list(curves) == ["full", own] + budget + hybrid
         assert curves["full"][0]["kept_fraction"] == 1.0
         assert [p["setting"] for p in curves[own]] == [4.0]
-        for b in budget:
+        for b in budget + hybrid:
             (pt,) = curves[b]
             assert pt["setting"] == 0.5 and 0.4 < pt["kept_fraction"] < 0.6
             assert [s["seed"] for s in pt["seeds"]] == [0, 1]

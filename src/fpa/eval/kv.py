@@ -10,6 +10,14 @@ from __future__ import annotations
 
 BUDGET_POLICIES = ("window", "streamingllm", "tova", "h2o")
 THRESHOLD_POLICIES = {"fpa": "fpa", "fox": "fox"}  # attention type -> its own rule
+# "<own rule>+<budget policy>": the own rule at a threshold, then a per-head budget on its survivors
+HYBRID_BUDGETS = ("h2o", "tova", "window")
+
+
+def hybrids_for(attention: str) -> list[str]:
+    """The hybrid policies of a model with this attention type ([] without an own rule)."""
+    own = THRESHOLD_POLICIES.get(attention)
+    return [f"{own}+{b}" for b in HYBRID_BUDGETS] if own else []
 
 
 def policies_for(attention: str) -> list[str]:
@@ -31,7 +39,16 @@ def make_policy(name: str, *, budget: int | None = None, threshold: float | None
         if threshold is None:
             raise ValueError(f"threshold is required for policy {name!r}")
         return (FPAEviction if name == "fpa" else FoXEviction)(threshold=float(threshold))
-    raise ValueError(f"policy must be one of {BUDGET_POLICIES + tuple(THRESHOLD_POLICIES)}, got {name!r}")
+    if "+" in name:
+        from fpa.cache.hybrid import RuleThenBudget
+
+        own, budget_name = name.split("+", 1)
+        if own not in THRESHOLD_POLICIES or budget_name not in HYBRID_BUDGETS:
+            raise ValueError(f"a hybrid policy is <own rule>+<budget>, own in {tuple(THRESHOLD_POLICIES)} and budget in "
+                             f"{HYBRID_BUDGETS}, got {name!r}")
+        return RuleThenBudget(make_policy(own, threshold=threshold), make_policy(budget_name, budget=budget))
+    raise ValueError(f"policy must be one of {BUDGET_POLICIES + tuple(THRESHOLD_POLICIES)} or a hybrid such as "
+                     f"'fpa+h2o', got {name!r}")
 
 
 def budget_for(fraction: float, length: int) -> int:

@@ -69,7 +69,15 @@ def plot_heatmap(grid: dict, train_len: int, title: str, path: str | Path) -> No
 
 
 _STYLES = {"full": ("black", "s"), "fpa": ("tab:red", "o"), "fox": ("tab:blue", "D"), "window": ("tab:green", "^"),
-           "streamingllm": ("tab:olive", "v"), "tova": ("tab:purple", "P"), "h2o": ("tab:brown", "X")}
+           "streamingllm": ("tab:olive", "v"), "tova": ("tab:purple", "P"), "h2o": ("tab:brown", "X"),
+           "+h2o": ("tab:pink", "*"), "+tova": ("tab:cyan", "p"), "+window": ("tab:orange", "h")}
+
+
+def _style(policy: str) -> tuple:
+    """(colour, marker, line style) of a policy; hybrids (own rule + budget) dashed."""
+    if "+" in policy:
+        return (*_STYLES["+" + policy.split("+", 1)[1]], "--")
+    return (*_STYLES.get(policy, (None, "o")), "-")
 
 
 def plot_cache_curves(curves: dict[str, dict[str, list[dict]]], multiple: str, path: str | Path, title: str) -> None:
@@ -77,7 +85,9 @@ def plot_cache_curves(curves: dict[str, dict[str, list[dict]]], multiple: str, p
     panel per method, one line per policy; markers are means over seeds, vertical bars min to max
     over seeds. curves[method][policy] = the policy's points (fpa.eval.aggregate)."""
     n = max(1, len(curves))
-    fig, axes = _figure(1, n, figsize=(4.2 * n, 3.8), squeeze=False)
+    fig, axes = _figure(1, n + 1, figsize=(4.2 * n + 2.6, 3.9), squeeze=False,
+                        gridspec_kw={"width_ratios": [1] * n + [0.55]})
+    legend = {}
     for ax, (method, by_policy) in zip(axes[0], curves.items()):
         for policy, pts in by_policy.items():
             pts = sorted(pts, key=lambda q: q["kept_fraction"])
@@ -85,18 +95,22 @@ def plot_cache_curves(curves: dict[str, dict[str, list[dict]]], multiple: str, p
             y = np.asarray([q["accuracy_by_multiple"][multiple] for q in pts])
             lo = y - np.asarray([q["accuracy_min_by_multiple"][multiple] for q in pts])
             hi = np.asarray([q["accuracy_max_by_multiple"][multiple] for q in pts]) - y
-            color, marker = _STYLES.get(policy, (None, "o"))
+            color, marker, ls = _style(policy)
             label = {"fpa": "FPA own rule (tau sweep)", "fox": "FoX own rule (tau sweep)",
                      "full": "full cache"}.get(policy, policy)
             ax.errorbar(x, y, yerr=[lo, hi], color=color, marker=marker, ms=5, lw=1.2, capsize=2, label=label,
-                        ls="none" if policy == "full" else "-")
+                        ls="none" if policy == "full" else ls)
         ax.axvline(0.25, color="grey", ls=":", lw=0.8)
         ax.set_title(method, fontsize=10)
         ax.set_xlabel("kept fraction of the KV cache (achieved)")
         ax.set_xlim(0, 1.05)
         ax.set_ylim(-0.05, 1.05)
-        ax.legend(fontsize=7, loc="lower right")
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            legend.setdefault(lab.replace("fox+", "own rule+").replace("fpa+", "own rule+"), h)
     axes[0][0].set_ylabel(f"passkey accuracy at {multiple}x")
+    axes[0][-1].axis("off")
+    axes[0][-1].legend(list(legend.values()), list(legend), fontsize=8, loc="center left", frameon=False,
+                       title="policy (bars: min-max over seeds)", title_fontsize=8)
     fig.suptitle(title, fontsize=10)
     _save(fig, path)
 

@@ -58,6 +58,8 @@ class ReproducePreset:
     calib_prompts: int = 0  # unused since thresholds are swept; kept so old configs still load
     cache_thresholds: tuple[float, ...] = (2.0, 4.0, 6.0, 8.0, 16.0, 32.0)
     budget_methods: tuple[str, ...] = ("fpa-walk", "fox")
+    hybrid_threshold: float = 16.0  # own rule at this tau, then a per-head budget (fpa.cache.hybrid)
+    hybrid_fractions: tuple[float, ...] = (0.2, 0.35, 0.5)
     seeds: tuple[int, ...] = (0,)
     ablation_seeds: tuple[int, ...] = ()
     eval_every: int | None = None
@@ -81,6 +83,7 @@ PRESETS = {
         corpus_max_bytes=400_000, loss_multiple=4, loss_windows=2, passkey_multiples=(1, 2),
         depths=(0.0, 1.0), trials=2, cache_multiples=(2,), cache_depths=(0.5,), cache_trials=2,
         fractions=(0.5,), chunk_size=64, cache_thresholds=(4.0,), seeds=(0, 1), ablation_seeds=(0,),
+        hybrid_fractions=(0.5,),
         model_overrides=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                              num_key_value_heads=2, intermediate_size=64)),
     # 2 CPU cores, about 60 minutes with --jobs 2 (docs/reproduce.md). The recipe that learns the
@@ -92,7 +95,7 @@ PRESETS = {
         corpus_max_bytes=20_000_000, loss_multiple=8, loss_windows=16, passkey_multiples=(1, 2, 4, 8, 16),
         depths=(0.0, 0.25, 0.5, 0.75, 1.0), trials=10, cache_multiples=(8, 16),
         cache_depths=(0.0, 0.25, 0.5, 0.75, 1.0), cache_trials=6, fractions=(0.1, 0.15, 0.2, 0.25, 0.35, 0.5),
-        chunk_size=128, seeds=(0, 1, 2), ablation_seeds=(0,), eval_every=100,
+        chunk_size=128, seeds=(0, 1, 2), ablation_seeds=(0,), eval_every=100, hybrid_fractions=(0.2, 0.35, 0.5),
         model_overrides=dict(num_hidden_layers=2)),
     # The first cpu preset (400 steps of 8 x 256 tokens, 4 layers): no method learned the passkey.
     # Kept to reproduce results/reproduce-cpu-long (1,600 steps) and the finding that it does not learn.

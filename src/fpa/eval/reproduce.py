@@ -114,21 +114,26 @@ def eval_stage(kind: str, p_dict: dict, model_dir: str, data_dir: str, policy: s
         return passkey_grid(model, tok, [L * m for m in p.passkey_multiples], p.depths, p.trials, seed=p.seed,
                             chunk_size=p.chunk_size, batch_size=p.trials, progress=False)
     if kind == "curve":
+        fractions = p.hybrid_fractions if "+" in policy else p.fractions
         return {"points": policy_curve(model, tok, policy, p.train_len, p.cache_multiples, p.cache_depths,
-                                       p.cache_trials, p.cache_thresholds, p.fractions, p.chunk_size, p.seed)}
+                                       p.cache_trials, p.cache_thresholds, fractions, p.chunk_size, p.seed,
+                                       hybrid_threshold=p.hybrid_threshold)}
     raise ValueError(f"kind must be loss, passkey or curve, got {kind!r}")
 
 
 def curve_policies(p: ReproducePreset, run: dict) -> list[str]:
     """The cache policies evaluated on a run: the full cache and the model's own threshold rule
-    (FPA, FoX) on every non-ablation run; the budget policies on the preset's ``budget_methods``."""
-    from fpa.eval.kv import BUDGET_POLICIES, THRESHOLD_POLICIES
+    (FPA, FoX) on every non-ablation run; the budget policies and the hybrids (own rule, then a
+    budget) on the preset's ``budget_methods``."""
+    from fpa.eval.kv import BUDGET_POLICIES, THRESHOLD_POLICIES, hybrids_for
 
     if run["ablation"]:
         return []
     own = [THRESHOLD_POLICIES[run["attention"]]] if run["attention"] in THRESHOLD_POLICIES else []
-    budget = list(BUDGET_POLICIES) if run["name"] in p.budget_methods else []
-    return (["full"] + own + budget) if (own or budget) else []
+    chosen = run["name"] in p.budget_methods
+    budget = list(BUDGET_POLICIES) if chosen else []
+    hybrid = hybrids_for(run["attention"]) if chosen and p.hybrid_fractions else []
+    return (["full"] + own + budget + hybrid) if (own or budget) else []
 
 
 def reproduce(p: ReproducePreset, out_dir: str | Path, progress: bool = True,
