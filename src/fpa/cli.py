@@ -34,7 +34,7 @@ COMMANDS: dict[str, tuple[str, str, tuple[str, ...]]] = {
 
 # top-level module of an optional dependency -> the extra of pyproject.toml that provides it
 EXTRA_OF = {"transformers": "models", "safetensors": "models", "tokenizers": "train", "tqdm": "train",
-            "matplotlib": "train", "triton": "triton", "datasets": "hf", "yaml": "test"}
+            "matplotlib": "train", "triton": "triton", "datasets": "hf", "yaml": "train"}
 
 
 class UsageError(Exception):

@@ -64,15 +64,11 @@ def _training_info(model_dir: Path) -> dict:
     return info
 
 
-def load_checked(model_dir: Path, device: str):
-    """(model in eval mode, tokenizer) from a saved folder, or a ValueError saying what is wrong:
-    no or corrupt config.json, an invalid config value, missing / truncated / mismatched weights,
-    no tokenizer. Unlike a bare from_pretrained, missing or unexpected weights are an error, not
-    a silently random-initialised model."""
-    import torch
-
+def check_model_folder(model_dir: Path):
+    """The tokenizer of a saved model folder, after checking (cheaply, without loading weights)
+    that it has a valid config.json, weights and a tokenizer; else a ValueError saying what is wrong."""
     from fpa.data import load_tokenizer
-    from fpa.models import FPAConfig, FPAForCausalLM
+    from fpa.models import FPAConfig
 
     cfg_file = model_dir / "config.json"
     if not cfg_file.is_file():
@@ -84,28 +80,46 @@ def load_checked(model_dir: Path, device: str):
     if not any(model_dir.glob("*.safetensors")) and not any(model_dir.glob("*.bin")):
         raise ValueError(f"--model: {model_dir} holds no weights (model.safetensors)")
     try:
-        tok = load_tokenizer(model_dir)
-    except ValueError as e:
-        raise ValueError(f"--model: {model_dir} has no usable tokenizer ({e})") from None
-    try:
         FPAConfig.from_pretrained(model_dir)
-    except ValueError as e:
+    except (ValueError, OSError) as e:
         raise ValueError(f"--model: {cfg_file}: {e}") from None
     try:
+        return load_tokenizer(model_dir)
+    except ValueError as e:
+        raise ValueError(f"--model: {model_dir} has no usable tokenizer ({e})") from None
+
+
+def load_checked(model_dir: Path, device: str):
+    """The model of a checked folder in eval mode on ``device``, or a ValueError: truncated or
+    corrupt weights, or weights that do not match config.json (missing, unexpected or
+    mis-shaped tensors are an error here, not a silently random-initialised model)."""
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    from fpa.models import FPAForCausalLM
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available")
+    bar = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
         model, info = FPAForCausalLM.from_pretrained(model_dir, output_loading_info=True)
-    except (OSError, ValueError, RuntimeError, KeyError) as e:
+    except RuntimeError as e:  # transformers raises it for mis-shaped tensors
+        raise ValueError(f"--model: the weights in {model_dir} do not match config.json: {e}") from None
+    except (OSError, ValueError, KeyError) as e:
         raise ValueError(f"--model: cannot load the weights in {model_dir}: {e}") from None
     except Exception as e:  # safetensors' SafetensorError (truncated or corrupt file) derives from Exception
         if type(e).__name__ != "SafetensorError":
             raise
         raise ValueError(f"--model: the weights in {model_dir} are truncated or corrupt: {e}") from None
+    finally:
+        if bar:
+            hf_logging.enable_progress_bar()
     bad = {k: v for k, v in info.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}
     if bad:
         raise ValueError(f"--model: the weights in {model_dir} do not match config.json: "
                          + "; ".join(f"{k} {sorted(map(str, v))[:5]}" for k, v in bad.items()))
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda: no CUDA device is available")
-    return model.to(device).eval(), tok
+    return model.to(device).eval()
 
 
 def run_eval(args) -> int:
@@ -114,7 +128,8 @@ def run_eval(args) -> int:
 
     out = writable_file(args.out, "--out")
     model_dir = Path(args.model)
-    info = _training_info(model_dir) if model_dir.is_dir() else {}
+    tok = check_model_folder(model_dir)
+    info = _training_info(model_dir)
     L = args.train_len or info.get("config", {}).get("seq_len")
     if not L:
         raise ValueError("--train-len is required (the model folder has no training.json)")
@@ -126,7 +141,6 @@ def run_eval(args) -> int:
         if not data:
             raise ValueError("--data is required for the loss (the model folder has no training.json)")
         read_meta(data)
-    model, tok = load_checked(model_dir, args.device)
     if "passkey" in args.what or "cache" in args.what:
         from fpa.tasks.passkey import min_prompt_length
 
@@ -134,6 +148,7 @@ def run_eval(args) -> int:
         if L * min(args.multiples) < need:
             raise ValueError(f"passkey prompts need >= {need} tokens, but --train-len {L} x --multiples "
                              f"{min(args.multiples)} = {L * min(args.multiples)}; raise them or drop passkey/cache from --what")
+    model = load_checked(model_dir, args.device)
 
     from fpa.eval.curves import policy_curve
     from fpa.eval.kv import policies_for
@@ -210,7 +225,8 @@ def add_parser(subparsers) -> None:
     e.add_argument("--no-progress", action="store_true", help="no progress bars")
     e.set_defaults(func=run_eval)
     r = subparsers.add_parser("reproduce", help="train the five methods, run every evaluation, write the report")
-    r.add_argument("--preset", required=True, choices=tuple(PRESETS))
+    r.add_argument("--preset", required=True, choices=tuple(PRESETS),
+                   help="budgets for training and every evaluation (fpa.eval.presets)")
     r.add_argument("--out", required=True, help="run folder (resumes if it holds an interrupted run)")
     r.add_argument("--methods", help="comma list of methods (default: the five methods and, on the preset's "
                                      "ablation seeds, the ablations; see fpa.eval.presets)")
