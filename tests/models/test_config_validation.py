@@ -1,0 +1,108 @@
+"""FPAConfig / TrainConfig validation: every field's type and range, unknown keys with the valid ones."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from fpa.data import ByteTokenizer
+from fpa.models import FPAConfig
+from fpa.models.configuration_fpa import FIELDS, PRESETS
+from fpa.train import TrainConfig
+
+BAD = {  # kind / rule -> bad values
+    "int": [0, -1, 2.0, "4", True, None],
+    "bool": ["no", "false", 0, 1, None],
+    "choice": ["bogus", None, 1],
+    ("real", "any"): [math.nan, math.inf, "1", True, None],
+    ("real", ">0"): [0, -1, -1e-9, math.nan, math.inf, "1", True],
+    ("real", ">=0"): [-1, -1e-9, math.nan, -math.inf, "0.1", False],
+}
+
+
+def _bad_values(name: str) -> list:
+    kind, rule = FIELDS[name]
+    vals = BAD[(kind, rule)] if kind == "real" else BAD[kind]
+    return [v for v in vals if not (name == "num_key_value_heads" and v is None)]  # None: = num_attention_heads
+
+
+def test_every_field_is_covered():
+    import inspect
+
+    params = set(inspect.signature(FPAConfig.__init__).parameters) - {"self", "kwargs"}
+    assert params == set(FIELDS)
+
+
+@pytest.mark.parametrize("name", sorted(FIELDS))
+def test_bad_value_of_every_field_is_named(name):
+    for val in _bad_values(name):
+        kw = {name: val}
+        with pytest.raises(ValueError, match=f"FPAConfig {name} must be"):
+            FPAConfig(**kw)
+
+
+def test_issue_examples():
+    with pytest.raises(ValueError, match="qk_norm must be true or false.*'no'"):
+        FPAConfig(qk_norm="no")
+    with pytest.raises(ValueError, match="rope_theta must be > 0, got -1"):
+        FPAConfig(rope_theta=-1)
+    with pytest.raises(ValueError, match="rms_norm_eps must be > 0, got -1"):
+        FPAConfig(rms_norm_eps=-1)
+    with pytest.raises(ValueError, match="fpa_field_lr_multiplier must be >= 0"):
+        FPAConfig(fpa_field_lr_multiplier=-0.1)
+
+
+def test_good_values_accepted_and_round_trip(tmp_path):
+    c = FPAConfig(qk_norm=True, rope_theta=500000, rms_norm_eps=1e-5, fpa_field_lr_multiplier=0.0,
+                  fpa_beta_init=-2.0, initializer_range=0.0, num_key_value_heads=2, attention="fox")
+    c.save_pretrained(tmp_path)
+    d = FPAConfig.from_pretrained(tmp_path)
+    assert (d.qk_norm, d.rope_theta, d.fpa_field_lr_multiplier, d.num_key_value_heads) == (True, 500000, 0.0, 2)
+
+
+def test_unknown_keys_listed_with_valid_ones():
+    with pytest.raises(ValueError, match=r"\['hiden_size'\].*did you mean 'hidden_size'.*valid keys: \['attention'"):
+        FPAConfig.from_preset("tiny", hiden_size=32)
+    with pytest.raises(ValueError, match=r"unknown FPAConfig keys.*\['foo'\]"):
+        FPAConfig.from_preset("tiny", foo=1)
+    with pytest.raises(ValueError, match="did you mean 'qk_norm'"):
+        FPAConfig(qk_nrom=True)  # a misspelt field passed directly
+    FPAConfig(use_cache=True, torch_dtype="float32")  # transformers' own keys still pass
+
+
+def test_bad_config_json_fails_on_load(tmp_path):
+    import json
+
+    FPAConfig().save_pretrained(tmp_path)
+    d = json.loads((tmp_path / "config.json").read_text())
+    for key, val, words in (("rope_theta", -1, "rope_theta must be > 0"), ("hiden_size", 3, "did you mean"),
+                            ("qk_norm", "no", "qk_norm must be")):
+        (tmp_path / "config.json").write_text(json.dumps({**d, key: val}))
+        with pytest.raises(ValueError, match=words):
+            FPAConfig.from_pretrained(tmp_path)
+
+
+def test_tiny_preset_fits_the_byte_tokenizer():
+    assert PRESETS["tiny"]["vocab_size"] == ByteTokenizer.vocab_size == FPAConfig().vocab_size == 257
+
+
+@pytest.mark.parametrize("over, words", [
+    ({"hiden_size": 32}, "unknown FPAConfig keys in model_overrides"),
+    ({"qk_norm": "no"}, "qk_norm must be true or false"),
+    ({"rms_norm_eps": -1}, "rms_norm_eps must be > 0"),
+    ({"attention": "fox"}, "set attention with the training config's own"),
+])
+def test_train_config_checks_model_overrides(over, words):
+    with pytest.raises(ValueError, match=words):
+        TrainConfig(out_dir="x", model_overrides=over)
+
+
+@pytest.mark.parametrize("kw, words", [
+    (dict(preset="huge"), "preset must be one of"), (dict(attention="linear"), "attention must be one of"),
+    (dict(fpa_mode="bogus"), "fpa_mode must be one of"), (dict(tokenizer="wordpiece"), "tokenizer must be one of"),
+    (dict(vocab_size=0), "vocab_size must be None or a positive int"),
+])
+def test_train_config_checks_model_choices(kw, words):
+    with pytest.raises(ValueError, match=words):
+        TrainConfig(out_dir="x", **kw)
