@@ -175,7 +175,18 @@ class FPAForCausalLM(FPAPreTrainedModel, GenerationMixin):
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
-        return False  # the model creates its own FPACache on the first forward
+        return False  # never a DynamicCache: generate below starts an FPACache
+
+    def generate(self, *args, **kwargs):
+        """transformers' generate, starting an ``FPACache()`` (no eviction) unless a cache is given
+        (as ``past_key_values=`` / ``cache=``) or ``use_cache=False``: assisted decoding,
+        prompt lookup and chunked prefill need the cache from the start."""
+        cfg = kwargs.get("generation_config")
+        use = kwargs.get("use_cache", getattr(cfg, "use_cache", True))
+        managed = getattr(cfg, "cache_implementation", None) is not None  # e.g. an assistant's (5.2)
+        if use is not False and not managed and kwargs.get("past_key_values") is None and kwargs.get("cache") is None:
+            kwargs[CACHE_ARG] = FPACache()
+        return super().generate(*args, **kwargs)
 
     def prepare_inputs_for_generation(self, input_ids, past_key_values=None, attention_mask=None,
                                       inputs_embeds=None, position_ids=None, use_cache=True, cache=None,
@@ -198,8 +209,11 @@ class FPAForCausalLM(FPAPreTrainedModel, GenerationMixin):
             inputs["inputs_embeds"] = inputs_embeds[:, -new:]
         else:
             inputs["input_ids"] = input_ids[:, -new:]
-        if position_ids is not None:
-            inputs["position_ids"] = position_ids[:, -new:]
+        total = attention_mask.shape[1] if attention_mask is not None else seen + new
+        if position_ids is not None and position_ids.shape[-1] in (new, total):
+            # (transformers 5.2's chunked prefill passes the whole prompt's positions with every
+            # chunk: those are dropped, and the positions follow from the mask and the cache)
+            inputs["position_ids"] = position_ids[..., -new:]
         for key in ("output_attentions", "output_hidden_states"):
             if key in kwargs:
                 inputs[key] = kwargs[key]
