@@ -106,3 +106,24 @@ def test_fpa_eval_cli_on_a_trained_model(smoke_run, tmp_path, capsys):
     assert "--model" in capsys.readouterr().err
     assert main(["eval", "--model", str(tmp_path), "--out", str(dst), "--what", "loss,ppl"]) == 2
     assert "--what" in capsys.readouterr().err
+
+
+def _square(x: int) -> dict:
+    if x < 0:
+        raise ValueError("negative")
+    return {"x": x * x}
+
+
+def test_pool_records_each_stage_and_reports_a_failing_one(tmp_path):
+    from fpa.eval.pool import run_tasks
+    from fpa.eval.stages import Stages
+
+    logs = []
+    st = Stages(tmp_path, log=logs.append)
+    out = run_tasks(st, [(f"sq{i}", _square, (i,)) for i in range(3)], jobs=2, progress=False)
+    assert out == {f"sq{i}": {"x": i * i} for i in range(3)}
+    assert sorted(json.loads((tmp_path / "state.json").read_text())["done"]) == ["sq0", "sq1", "sq2"]
+    with pytest.raises(RuntimeError, match="stage bad failed"):
+        run_tasks(Stages(tmp_path), [("sq0", _square, (0,)), ("bad", _square, (-1,))], jobs=2, progress=False)
+    with pytest.raises(ValueError, match="unique"):
+        run_tasks(st, [("a", _square, (1,)), ("a", _square, (2,))], jobs=1, progress=False)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from multiprocessing import get_context
 
 from fpa.eval.stages import Stages
@@ -60,7 +60,7 @@ def run_tasks(stages: Stages, tasks: Sequence[Task], jobs: int = 1, progress: bo
         futures = {ex.submit(_timed, fn, args): name for name, fn, args in todo}
         pending = set(futures)
         while pending:
-            done, pending = wait(pending, return_when=FIRST_EXCEPTION)
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)  # record each as it ends
             for f in done:
                 name = futures[f]
                 if f.exception() is not None:
