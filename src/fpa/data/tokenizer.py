@@ -4,6 +4,9 @@ Every tokenizer has ``encode(str) -> list[int]``, ``decode(list[int]) -> str``, 
 ``eos_id`` (the document separator written between documents in the shards) and ``save(dir)``.
 ``load_tokenizer(dir)`` reads back whatever ``save`` wrote (``fpa_tokenizer.json``, plus
 ``tokenizer.json`` for BPE), so a prepared data folder and a trained model folder both load.
+``save_hf_tokenizer(tok, dir)`` also writes the standard ``tokenizer.json`` +
+``tokenizer_config.json`` that ``transformers.AutoTokenizer.from_pretrained(dir)`` loads, with the
+same ids as ``tok.encode`` (pad = eos, left padding, for batched generation).
 """
 
 from __future__ import annotations
@@ -103,6 +106,46 @@ class BPETokenizer:
         directory = Path(directory)
         atomic_write_text(directory / BPE_FILE, self._tok.to_str())
         atomic_write_text(directory / TOKENIZER_META, json.dumps({"kind": self.kind, "file": BPE_FILE}) + "\n")
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """Byte -> printable character, the byte-level alphabet of ``tokenizers``' ByteLevel step:
+    printable Latin-1 bytes map to themselves, the others to chr(256 + n) in byte order."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1), *range(ord("\u00ae"), ord("\u00ff") + 1)]
+    out, n = {b: chr(b) for b in keep}, 0
+    for b in range(256):
+        if b not in out:
+            out[b] = chr(256 + n)
+            n += 1
+    return out
+
+
+def rust_tokenizer(tok: ByteTokenizer | BPETokenizer):
+    """A ``tokenizers.Tokenizer`` giving the same ids as ``tok.encode`` (for valid Unicode text):
+    for the byte tokenizer a byte-level model without merges whose ids are the byte values."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    if isinstance(tok, BPETokenizer):
+        return tok._tok
+    vocab = {ch: b for b, ch in _bytes_to_unicode().items()}
+    rt = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    rt.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    rt.decoder = decoders.ByteLevel()
+    rt.add_special_tokens([AddedToken(EOS_TOKEN, special=True)])
+    if rt.token_to_id(EOS_TOKEN) != tok.eos_id:
+        raise RuntimeError("byte tokenizer export: eos id mismatch")
+    return rt
+
+
+def save_hf_tokenizer(tok: ByteTokenizer | BPETokenizer, directory: str | Path) -> None:
+    """Write ``tokenizer.json`` + ``tokenizer_config.json`` (transformers' fast tokenizer) into
+    ``directory``: ``AutoTokenizer.from_pretrained(directory)`` then encodes as ``tok`` does,
+    with eos = pad = ``<|endoftext|>`` and padding on the left (for batched generation)."""
+    from transformers import PreTrainedTokenizerFast
+
+    hf = PreTrainedTokenizerFast(tokenizer_object=rust_tokenizer(tok), eos_token=EOS_TOKEN, pad_token=EOS_TOKEN,
+                                 padding_side="left", model_max_length=int(1e9))
+    hf.save_pretrained(str(directory))
 
 
 def load_tokenizer(data_dir: str | Path) -> ByteTokenizer | BPETokenizer:

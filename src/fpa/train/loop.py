@@ -117,13 +117,22 @@ def _save_final(model, cfg: TrainConfig, d: D.Dist, data_dir: Path, summary: dic
     if d.is_main:
         from fpa.models import FPAForCausalLM
 
+        from fpa.data.tokenizer import save_hf_tokenizer
+        from fpa.models.card import write_model_card
+
         base = D.unwrap(model)
         final = FPAForCausalLM(base.config)
         final.load_state_dict(msd)
+        tok = load_tokenizer(data_dir)
+        for c in (final.config, final.generation_config):  # generation stops at the document separator
+            c.eos_token_id = c.pad_token_id = tok.eos_id
         final.save_pretrained(out)
-        load_tokenizer(data_dir).save(out)
+        tok.save(out)
+        save_hf_tokenizer(tok, out)  # tokenizer.json + tokenizer_config.json: AutoTokenizer loads the folder
         atomic_write_text(out / "training.json", json.dumps({"config": cfg.to_dict(), "data_dir": str(data_dir),
                                                              "summary": summary}, indent=1) + "\n")
+        write_model_card(out, final.config, {**summary, "tokenizer": tok.kind},
+                         n_parameters=sum(p.numel() for p in final.parameters()))
     return out
 
 

@@ -1,0 +1,57 @@
+"""A trained model folder is a standard transformers folder: AutoTokenizer (byte and BPE),
+a model card, and pipeline("text-generation") end to end."""
+
+import pytest
+import torch
+
+from fpa.data import prepare_corpus
+from fpa.data.tokenizer import BPETokenizer, ByteTokenizer, load_tokenizer, save_hf_tokenizer
+from fpa.train import train
+
+TEXTS = ["def f(x):\n    return x + 1\n", "héllo wörld ✓ naïve café", "  two  spaces\tand tabs\n\n", "ünïcödé 中文 🙂"]
+
+
+@pytest.mark.parametrize("kind", ["byte", "bpe"])
+def test_auto_tokenizer_encodes_as_ours(kind, tmp_path):
+    from transformers import AutoTokenizer
+
+    tok = ByteTokenizer() if kind == "byte" else BPETokenizer.train(TEXTS * 20, vocab_size=300)
+    save_hf_tokenizer(tok, tmp_path)
+    assert (tmp_path / "tokenizer.json").is_file() and (tmp_path / "tokenizer_config.json").is_file()
+    hf = AutoTokenizer.from_pretrained(tmp_path)
+    for t in TEXTS:
+        assert hf(t)["input_ids"] == tok.encode(t)
+        assert hf.decode(tok.encode(t)) == t
+    assert hf.eos_token_id == hf.pad_token_id == tok.eos_id and hf.padding_side == "left"
+    assert len(hf) == tok.vocab_size
+
+
+def test_trained_folder_loads_everywhere(tiny_cfg):
+    from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
+
+    summary = train(tiny_cfg(steps=4, model_overrides=dict(hidden_size=32, num_hidden_layers=2,
+                                                           num_attention_heads=2, intermediate_size=64,
+                                                           vocab_size=257)))
+    folder = summary["model_dir"]
+    card = open(f"{folder}/README.md").read()
+    assert "held-out loss" in card and f"{summary['val_loss']:.4f}" in card and "| steps | 4 |" in card
+    assert "Passkey retrieval" in card
+    tok = AutoTokenizer.from_pretrained(folder)
+    assert tok("def f")["input_ids"] == load_tokenizer(folder).encode("def f")
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    assert model.config.eos_token_id == tok.eos_token_id == 256
+    gen = pipeline("text-generation", model=folder)
+    out = gen(["def ", "import os\n"], max_new_tokens=5, do_sample=False)
+    assert out[0][0]["generated_text"].startswith("def ") and out[1][0]["generated_text"].startswith("import os\n")
+    alone = gen("import os\n", max_new_tokens=5, do_sample=False)  # batched (left-padded) == alone
+    assert alone[0]["generated_text"] == out[1][0]["generated_text"]
+
+
+def test_bpe_corpus_folder_has_hf_tokenizer(tmp_path):
+    folder = prepare_corpus("stdlib", tmp_path / "c", tokenizer="bpe", vocab_size=300, max_bytes=30_000,
+                            val_fraction=0.1)
+    tok = load_tokenizer(folder)
+    save_hf_tokenizer(tok, tmp_path / "m")
+    from transformers import AutoTokenizer
+
+    assert AutoTokenizer.from_pretrained(tmp_path / "m")("for i in range(3):")["input_ids"] == tok.encode("for i in range(3):")
