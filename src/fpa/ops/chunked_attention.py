@@ -104,9 +104,9 @@ def chunked_backward(
     Tk, Dv = k.shape[2], v.shape[3]
     P = Tk - Tq
     delta = (dout * out).sum(dim=-1)  # (B, Hkv, G, Tq)
-    dq = torch.empty_like(q5)
-    dk = torch.zeros_like(k)
-    dv = torch.zeros_like(v)
+    dq = q5.new_empty(q5.shape)  # contiguous whatever the inputs' strides (the custom ops' fakes say so)
+    dk = k.new_zeros(k.shape)
+    dv = v.new_zeros(v.shape)
     for r0 in range(0, Tq, chunk):
         r1 = min(r0 + chunk, Tq)
         c, K = r1 - r0, P + r1

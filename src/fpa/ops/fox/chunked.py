@@ -22,7 +22,7 @@ class _FoXChunkBias:
         if self.fused:
             self.cum_rows = cum.reshape(-1, cum.shape[-1]).contiguous()  # (B * Hq, Tk)
         if want_grad:
-            self.dcum = torch.zeros_like(cum)
+            self.dcum = cum.new_zeros(cum.shape)
 
     def rows_forward(self, S: Tensor, lse: Tensor, r0: int, r1: int, scale: float) -> None:
         cpu_kernels.fox_rows(S, None, lse, None, self.cum_rows, self.Tq, r0, r1, scale)
@@ -85,13 +85,14 @@ def _backward_op(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, log_fgate: Tenso
         # d/dlogf_u = sum_{t >= u} dcum_t
         dlog = bias.dcum.flip(-1).cumsum(-1).flip(-1).reshape(B, Hq, Tk).to(log_fgate.dtype)
     else:
-        dlog = torch.zeros_like(log_fgate)
+        dlog = log_fgate.new_zeros(log_fgate.shape)
     return dq.reshape(q.shape).to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dlog
 
 
 @_backward_op.register_fake
 def _(dout, q, k, v, log_fgate, out, lse, scale, chunk, want):
-    return tuple(torch.empty_like(x) for x in (q, k, v, log_fgate))
+    return tuple(x.new_empty(x.shape) for x in  # contiguous, like the real outputs
+                  (q, k, v, log_fgate))
 
 
 def _setup_context(ctx, inputs, output) -> None:

@@ -37,7 +37,7 @@ class _FPAChunkBias:
         if want_grad:
             # Gradient of the "virtual" vector [field | past_min]: every minimum comes from one of them.
             self.dvirtual = field.new_zeros(*field.shape[:-1], self.Tq + self.P)
-            self.dlevel = torch.zeros_like(level)
+            self.dlevel = level.new_zeros(level.shape)  # contiguous (level may be a strided view)
             self.dbeta = torch.zeros_like(beta)
             if self.fused:
                 self.dbeta_bh = torch.zeros(self.rows[0].shape[0], dtype=torch.float64)
@@ -174,13 +174,14 @@ def _backward_op(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, field: Tensor, l
         dlevel = bias.dlevel.reshape(B, Hq, -1).to(level.dtype)
         dbeta = bias.dbeta.reshape(Hq).to(beta.dtype)
     else:
-        dfield, dpast, dlevel, dbeta = (torch.zeros_like(x) for x in (field, past_min, level, beta))
+        dfield, dpast, dlevel, dbeta = (x.new_zeros(x.shape) for x in (field, past_min, level, beta))
     return dq.reshape(q.shape).to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dfield, dlevel, dpast, dbeta
 
 
 @_backward_op.register_fake
 def _(dout, q, k, v, field, level, past_min, beta, out, lse, scale, chunk, bias_grad):
-    return tuple(torch.empty_like(x) for x in (q, k, v, field, level, past_min, beta))
+    return tuple(x.new_empty(x.shape) for x in  # contiguous, like the real outputs
+                  (q, k, v, field, level, past_min, beta))
 
 
 def _setup_context(ctx, inputs, output) -> None:
