@@ -1,0 +1,45 @@
+"""kvpress presses as passkey baselines (runs where kvpress is installed: the low-transformers CI env)."""
+
+import importlib.util
+
+import pytest
+import torch
+
+from fpa.data.tokenizer import ByteTokenizer
+from fpa.eval.kvpress_grid import KvpressUnavailable, kvpress_passkey_grid
+from fpa.eval.passkey import passkey_grid
+from fpa.models import FPAConfig, FPAForCausalLM
+
+HAVE_KVPRESS = importlib.util.find_spec("kvpress") is not None
+
+
+def rope_model():
+    torch.manual_seed(0)
+    c = FPAConfig(vocab_size=257, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+                  intermediate_size=48, attention="softmax_rope")
+    return FPAForCausalLM(c).eval()
+
+
+@pytest.mark.skipif(HAVE_KVPRESS, reason="kvpress installed: the grid runs (next test)")
+def test_clear_error_without_kvpress():
+    with pytest.raises(KvpressUnavailable, match=r"kvpress.*pip install -e '.\[kvpress\]'"):
+        kvpress_passkey_grid(rope_model(), ByteTokenizer(), [256], [0.5], 1, [0.5])
+
+
+@pytest.mark.skipif(not HAVE_KVPRESS, reason="needs the kvpress extra (transformers < 5.3)")
+def test_three_presses_run_through_kvpress():
+    tok, m = ByteTokenizer(), rope_model()
+    g = kvpress_passkey_grid(m, tok, [256], [0.25, 0.75], 2, [0.0, 0.5],
+                             presses=("knorm", "snapkv", "streaming_llm"))
+    assert [(x["press"], x["compression_ratio"]) for x in g["grids"]] == [
+        (p, r) for p in ("knorm", "snapkv", "streaming_llm") for r in (0.0, 0.5)]
+    for x in g["grids"]:
+        assert len(x["accuracy"]) == 1 and len(x["accuracy"][0]) == 2
+        target = 1.0 - x["compression_ratio"]
+        assert abs(x["kept_fraction_mean"] - target) < 0.01, x["kept_fraction_mean"]
+    # compression 0: the exported Llama decodes exactly what the FPA model decodes (same prompts)
+    ref = passkey_grid(m, tok, [256], [0.25, 0.75], 2, progress=False)
+    for x in g["grids"]:
+        if x["compression_ratio"] == 0.0:
+            assert x["examples"][0]["generated"] == ref["examples"][0]["generated"]
+            assert x["correct"] == ref["correct"]

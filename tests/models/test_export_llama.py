@@ -1,0 +1,54 @@
+"""softmax_rope -> transformers LlamaForCausalLM: same weights, same logits (an independent
+check of our RoPE baseline)."""
+
+import pytest
+import torch
+
+from fpa.models import FPAConfig, FPAForCausalLM
+from fpa.models.export_llama import llama_config, to_llama
+
+
+def rope_model(**kw):
+    torch.manual_seed(0)
+    c = FPAConfig(vocab_size=101, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  intermediate_size=96, attention="softmax_rope", **kw)
+    m = FPAForCausalLM(c).eval()
+    with torch.no_grad():  # weights far from init, so every part matters
+        for p in m.parameters():
+            p.normal_(0, 0.3) if p.dim() > 1 else p.uniform_(0.5, 1.5)
+    return m
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_llama_logits_equal(tied, tmp_path):
+    m = rope_model(tie_word_embeddings=tied)
+    x = torch.randint(0, 101, (2, 300))
+    with torch.no_grad():
+        ref = m(x).logits
+        llama = to_llama(m)
+        # measured max |difference| 0.0 (same float32 operations); the issue asks for 1e-5
+        torch.testing.assert_close(llama(x).logits, ref, atol=1e-5, rtol=0)
+        m.save_pretrained(tmp_path)
+        torch.testing.assert_close(to_llama(str(tmp_path))(x).logits, ref,
+                                   atol=1e-5, rtol=0)
+        # the check can fail: a different RoPE base changes the logits
+        m.config.rope_theta = 500.0
+        assert (to_llama(m)(x).logits - ref).abs().max() > 1e-2
+
+
+def test_llama_greedy_generation_equal():
+    m = rope_model()
+    x = torch.randint(0, 101, (1, 20))
+    llama = to_llama(m)
+    a = m.generate(x, max_new_tokens=8, do_sample=False)
+    b = llama.generate(x, max_new_tokens=8, do_sample=False, attention_mask=torch.ones_like(x))
+    assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("kw,match", [(dict(attention="fpa"), "softmax_rope"), (dict(qk_norm=True), "qk_norm"),
+                                      (dict(output_gate=True), "output_gate")])
+def test_refuses_non_llama(kw, match):
+    c = FPAConfig(vocab_size=11, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=8,
+                  **{"attention": "softmax_rope", **kw})
+    with pytest.raises(ValueError, match=match):
+        llama_config(c)
