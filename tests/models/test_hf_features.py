@@ -191,3 +191,14 @@ def test_import_fpa_registers_auto_classes(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().endswith("FPAForCausalLM")
+
+
+def test_cache_layer_reports_sizes_for_both_transformers_conventions():
+    m = forgetful("fpa", "free")
+    cache = FPACache()
+    with torch.no_grad():
+        m(torch.tensor([[1, 2, 3, 4]]), past_key_values=cache, use_cache=True)
+    lc = cache.layers[0]
+    assert lc.get_mask_sizes(2) == (6, 0) == lc.get_mask_sizes(torch.arange(4, 6))
+    assert cache.get_seq_length() == 4 and len(cache) == 2 and not cache.is_compileable
+    assert lc.keys.shape == (1, 2, 4, 8) and lc.values.shape == (1, 2, 4, 8)

@@ -93,8 +93,11 @@ class LayerCache(CacheLayerMixin):
         """Tokens seen so far, padding included (not keys held)."""
         return self.length
 
-    def get_mask_sizes(self, *args, **kwargs) -> tuple[int, int]:
-        return self.length + (args[0] if args and isinstance(args[0], int) else 1), 0
+    def get_mask_sizes(self, query, *args, **kwargs) -> tuple[int, int]:
+        """(kv_length, kv_offset) for a query of ``query`` tokens (transformers >= 5.3: an int;
+        earlier: the cache_position tensor)."""
+        q = query if isinstance(query, int) else int(query.shape[-1])
+        return self.length + q, 0
 
     def get_max_length(self) -> int:
         return -1
