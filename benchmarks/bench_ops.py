@@ -2,19 +2,22 @@
 
 Script, not a test. Usage:
 
-    python benchmarks/bench_ops.py                                  # full run
+    python benchmarks/bench_ops.py                                  # full run (~5 min on 2 cores)
     python benchmarks/bench_ops.py --seq-lens 512 1024 --reps 3     # quick check
 
-Timing: all methods run in one process; for each T, one warm-up repetition, then
-``--reps`` timed repetitions, with the methods interleaved inside each repetition
-(rep loop outside, method loop inside), so background load hits all methods alike.
-The median is reported.
+Inputs: B=2, H=4, D=64, fp32; field = level = a walk; every input requires grad (q, k, v, field,
+level; FoX's log-gates). Time: forward + backward of loss = (out * grad_out).sum().
 
-Memory: each (T, method) runs fwd+bwd once in a fresh ``python`` subprocess;
-reported figure = peak RSS during the run (VmHWM, high-water mark reset through
-/proc/self/clear_refs after the inputs were created; ru_maxrss as fallback) minus
-the RSS right after the inputs were created, in MiB. Where measuring would exceed ``--mem-cap-gib``
-the figure is extrapolated from the largest measured T by T^2 and labelled "estimated".
+Timing: all methods in one process; for each T one warm-up repetition, then ``--reps`` timed
+repetitions with the methods interleaved inside each repetition, so background load hits all
+methods alike. Reported: the median and the [min, max] spread of each method, and each ratio as
+the median of the per-repetition ratios (paired, so it holds under load) with its spread.
+
+Rows: "FPA chunked" / "FoX chunked" are the default CPU backends (fused C++ rows,
+fpa.ops.cpu_kernels); "... torch ops" the same backends with FPA_CPU_KERNEL=0 (the bias built
+with tensor ops, as before the fused rows); the dense reference and FoX as a dense SDPA mask
+where they are cheap enough. Memory: each (T, method) once in a fresh subprocess, peak RSS
+(VmHWM after /proc/self/clear_refs) minus the RSS once the inputs exist, MiB.
 """
 
 from __future__ import annotations
@@ -22,11 +25,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
 import torch
@@ -34,27 +35,15 @@ import torch.nn.functional as F
 
 B, H, D = 2, 4, 64
 DTYPE = torch.float32
-
-METHODS = [
-    "fpa_reference",
-    "fpa_chunked",
-    "fpa_flex",
-    "fox_chunked",
-    "fox_dense_sdpa",
-    "sdpa_causal",
-]
+METHODS = ["fpa_chunked", "fox_chunked", "sdpa_causal", "fpa_chunked_torchops", "fox_chunked_torchops",
+           "fpa_reference", "fox_dense_sdpa"]
 LABELS = {
-    "fpa_reference": "FPA reference (dense)",
-    "fpa_chunked": "FPA chunked",
-    "fpa_flex": "FPA flex (fwd only)",
-    "fox_chunked": "FoX chunked",
-    "fox_dense_sdpa": "FoX dense-mask SDPA",
-    "sdpa_causal": "SDPA causal",
+    "fpa_chunked": "FPA chunked", "fox_chunked": "FoX chunked", "sdpa_causal": "SDPA causal",
+    "fpa_chunked_torchops": "FPA chunked, torch ops", "fox_chunked_torchops": "FoX chunked, torch ops",
+    "fpa_reference": "FPA reference (dense)", "fox_dense_sdpa": "FoX dense-mask SDPA",
 }
-# Methods whose time is O(T^2)-memory / slow: timing limits per method.
-TIME_MAX_T = {"fpa_reference": 4096, "fox_dense_sdpa": 4096, "fpa_flex": 2048}
-MEM_MAX_T = {"fpa_flex": 2048}
-DENSE = {"fpa_reference", "fox_dense_sdpa"}  # may be estimated at large T
+MAX_T = {"fpa_chunked_torchops": 2048, "fox_chunked_torchops": 2048, "fpa_reference": 1024, "fox_dense_sdpa": 2048}
+TARGETS = [(2048, "fox_chunked", 1.1), (4096, "fox_chunked", 1.1), (2048, "sdpa_causal", 2.0), (4096, "sdpa_causal", 2.0)]
 
 
 def make_inputs(T: int, seed: int = 0, requires_grad: bool = True) -> dict:
@@ -62,57 +51,43 @@ def make_inputs(T: int, seed: int = 0, requires_grad: bool = True) -> dict:
 
     g = torch.Generator().manual_seed(seed)
     shape = (B, H, T, D)
-    q = torch.randn(shape, generator=g, dtype=DTYPE)
-    k = torch.randn(shape, generator=g, dtype=DTYPE)
-    v = torch.randn(shape, generator=g, dtype=DTYPE)
+    q, k, v = (torch.randn(shape, generator=g, dtype=DTYPE) for _ in range(3))
     field = walk(0.1 * torch.randn((B, H, T), generator=g, dtype=DTYPE))
-    level = field.clone()
-    log_f = F.logsigmoid(torch.randn((B, H, T), generator=g, dtype=DTYPE))
-    grad_out = torch.randn(shape, generator=g, dtype=DTYPE)
-    out = dict(q=q, k=k, v=v, field=field, level=level, log_f=log_f)
+    out = dict(q=q, k=k, v=v, field=field, level=field.clone(),
+               log_f=F.logsigmoid(torch.randn((B, H, T), generator=g, dtype=DTYPE)))
     for t in out.values():
         t.requires_grad_(requires_grad)
-    out["grad_out"] = grad_out
+    out["grad_out"] = torch.randn(shape, generator=g, dtype=DTYPE)
     return out
 
 
 def fox_dense_bias(log_f: torch.Tensor) -> torch.Tensor:
     c = torch.cumsum(log_f, dim=-1)
     T = c.shape[-1]
-    bias = c[..., :, None] - c[..., None, :]
-    causal = torch.ones(T, T, dtype=torch.bool).triu(1)
-    return bias.masked_fill(causal, float("-inf"))
+    return (c[..., :, None] - c[..., None, :]).masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
 
 
 def forward(method: str, x: dict) -> tuple[torch.Tensor, list[torch.Tensor]]:
     from fpa import first_passage_attention, forgetting_attention
 
     q, k, v = x["q"], x["k"], x["v"]
-    if method in ("fpa_reference", "fpa_chunked", "fpa_flex"):
-        backend = method.split("_", 1)[1]
-        out = first_passage_attention(q, k, v, x["field"], x["level"], backend=backend)
+    os.environ["FPA_CPU_KERNEL"] = "0" if method.endswith("_torchops") else "1"  # read on every call
+    if method.startswith("fpa_"):
+        backend = "reference" if method == "fpa_reference" else "chunked"
+        out = first_passage_attention(q, k, v, x["field"], x["level"], backend=backend, check_inputs=False)
         return out, [q, k, v, x["field"], x["level"]]
-    if method == "fox_chunked":
-        out = forgetting_attention(q, k, v, x["log_f"], backend="chunked")
-        return out, [q, k, v, x["log_f"]]
+    if method.startswith("fox_chunked"):
+        return forgetting_attention(q, k, v, x["log_f"], backend="chunked", check_inputs=False), [q, k, v, x["log_f"]]
     if method == "fox_dense_sdpa":
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=fox_dense_bias(x["log_f"]))
-        return out, [q, k, v, x["log_f"]]
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=fox_dense_bias(x["log_f"])), [q, k, v, x["log_f"]]
     if method == "sdpa_causal":
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return out, [q, k, v]
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True), [q, k, v]
     raise ValueError(method)
 
 
 def run_once(method: str, x: dict) -> None:
-    if method == "fpa_flex":  # CPU flex is forward-only
-        with torch.no_grad():
-            forward(method, x)
-        return
     out, leaves = forward(method, x)
-    loss = (out * x["grad_out"]).sum()
-    grads = torch.autograd.grad(loss, leaves)
-    del grads
+    torch.autograd.grad((out * x["grad_out"]).sum(), leaves)
 
 
 def time_once(method: str, x: dict) -> float:
@@ -121,220 +96,117 @@ def time_once(method: str, x: dict) -> float:
     return (time.perf_counter() - t0) * 1e3
 
 
-# ----------------------------------------------------------------------------- memory
-
-
-def _status_kib(field: str) -> int:
+def _status_kib(name: str) -> int:
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith(field + ":"):
+            if line.startswith(name + ":"):
                 return int(line.split()[1])
-    raise RuntimeError(field)
+    raise RuntimeError(name)
 
 
 def _mem_child(T: int, method: str) -> None:
-    import gc
-
+    run_once(method, make_inputs(16))  # load libraries and kernels before the baseline
     x = make_inputs(T)
-    gc.collect()
     base = _status_kib("VmRSS")
-    try:  # reset the RSS high-water mark to the current RSS (Linux >= 4.0)
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        reset = True
-    except OSError:
-        reset = False
+    with open("/proc/self/clear_refs", "w") as f:  # reset the high-water mark (Linux >= 4.0)
+        f.write("5")
     run_once(method, x)
-    peak = _status_kib("VmHWM") if reset else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(json.dumps({"peak_mib": max(0, peak - base) / 1024.0}))
+    print(json.dumps({"peak_mib": max(0, _status_kib("VmHWM") - base) / 1024.0}))
 
 
-def measure_mem(T: int, method: str, timeout: float = 1800.0) -> float | None:
+def measure_mem(T: int, method: str) -> float | None:
     cmd = [sys.executable, os.path.abspath(__file__), "--_mem-child", str(T), method]
-    try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return None
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if r.returncode != 0:
-        print(f"[mem] {method} T={T} failed: {r.stderr.strip()[-500:]}", file=sys.stderr)
+        print(f"[mem] {method} T={T} failed: {r.stderr.strip()[-300:]}", file=sys.stderr)
         return None
     return json.loads(r.stdout.strip().splitlines()[-1])["peak_mib"]
 
 
-# ----------------------------------------------------------------------------- report
+def spread(xs: list[float], nd: int) -> str:
+    return f"{statistics.median(xs):.{nd}f} [{min(xs):.{nd}f}, {max(xs):.{nd}f}]"
 
 
-def fmt(x: float | None, nd: int = 1) -> str:
-    return "—" if x is None else f"{x:.{nd}f}"
+def ratios(samples: dict, m: str, ref: str) -> list[float] | None:
+    if m not in samples or ref not in samples:
+        return None
+    return [a / b for a, b in zip(samples[m], samples[ref])]
 
 
-def build_report(seq_lens, reps, times, mems, mem_note) -> str:
-    lines = []
-    lines.append("# FPA / FoX / SDPA ops benchmark (CPU)\n")
-    lines.append(
-        f"B={B}, H={H}, D={D}, fp32, torch {torch.__version__}, threads={torch.get_num_threads()}. "
-        f"Time: fwd+bwd (loss=(out*grad_out).sum(), grads w.r.t. q,k,v,field,level / log_fgate), "
-        f"median of {reps} runs after 1 warm-up, all methods interleaved per repetition in one process. "
-        f"\"FPA flex\" is forward-only on CPU (no backward), so its time and memory are forward only "
-        f"and its ratios are not like-for-like. "
-        f"Peak MiB: each method's fwd+bwd run once in a fresh subprocess; peak RSS during the run "
-        f"(VmHWM, after resetting the high-water mark via /proc/self/clear_refs once the inputs exist) "
-        f"minus RSS right after creating the inputs, i.e. extra memory beyond inputs (includes allocator slack). "
-        f"Entries marked \"(est.)\" were not measured: extrapolated by T^2 from the largest measured T. "
-        f"\"—\" = not run.\n"
-    )
-    lines.append("| T | method | fwd+bwd ms (median) | ratio to FoX chunked | ratio to SDPA-causal | peak MiB |")
-    lines.append("|---:|---|---:|---:|---:|---:|")
+def report(seq_lens: list[int], reps: int, samples: dict, mems: dict, load: tuple[str, str]) -> str:
+    lines = [
+        "# FPA / FoX / SDPA ops benchmark (CPU)", "",
+        f"B={B}, H={H}, D={D}, fp32, torch {torch.__version__}, threads={torch.get_num_threads()}, "
+        f"{os.cpu_count()} CPUs. Load average (1/5/15 min) at the start: {load[0]}; at the end: {load[1]}. "
+        "Forward + backward, every input requiring grad (q, k, v, field, level; FoX's log-gates). "
+        f"Medians of {reps} repetitions after 1 warm-up, methods interleaved in one process; "
+        "[min, max] in brackets; ratios are medians of the per-repetition ratios [min, max]. "
+        "Peak MiB: extra resident memory of one fwd+bwd in a fresh process. \"torch ops\": FPA_CPU_KERNEL=0 "
+        "(the bias built with tensor ops). Produced by `python benchmarks/bench_ops.py`.", "",
+        "| T | method | fwd+bwd ms | ratio to FoX chunked | ratio to SDPA causal | peak MiB |",
+        "|---:|---|---:|---:|---:|---:|",
+    ]
     for T in seq_lens:
-        fox = times.get((T, "fox_chunked"))
-        sd = times.get((T, "sdpa_causal"))
+        s = samples.get(T, {})
         for m in METHODS:
-            t = times.get((T, m))
-            mem = mems.get((T, m))
-            if t is None and mem is None:
+            if m not in s and (T, m) not in mems:
                 continue
-            r_fox = t / fox if (t is not None and fox) else None
-            r_sd = t / sd if (t is not None and sd) else None
-            mem_s = fmt(mem, 0)
-            if (T, m) in mem_note:
-                mem_s += " (est.)"
-            lines.append(
-                f"| {T} | {LABELS[m]} | {fmt(t)} | {fmt(r_fox, 2)} | {fmt(r_sd, 2)} | {mem_s} |"
-            )
-    lines.append("")
-    lines.append("## Targets\n")
-    lines.extend(evaluate_targets(seq_lens, times, mems, mem_note))
-    lines.append("")
-    return "\n".join(lines)
-
-
-def evaluate_targets(seq_lens, times, mems, mem_note) -> list[str]:
-    out = []
-
-    def verdict(ok):
-        return "MET" if ok else "MISSED"
-
-    # (a), (b) at T=2048
-    fc = times.get((2048, "fpa_chunked"))
-    for tag, other, label, limit in (("a", "fox_chunked", "chunked FoX", 1.3), ("b", "sdpa_causal", "SDPA-causal", 3.0)):
-        ref = times.get((2048, other))
-        what = f"- ({tag}) chunked FPA fwd+bwd <= {limit:g}x {label} at T=2048"
-        if fc is None or ref is None:
-            out.append(f"{what}: NOT EVALUATED (T=2048 not run)")
+            rf, rs = ratios(s, m, "fox_chunked"), ratios(s, m, "sdpa_causal")
+            mem = mems.get((T, m))
+            lines.append(f"| {T} | {LABELS[m]} | {spread(s[m], 1) if m in s else '—'} | "
+                         f"{spread(rf, 2) if rf else '—'} | {spread(rs, 2) if rs else '—'} | "
+                         f"{'—' if mem is None else f'{mem:.0f}'} |")
+    lines += ["", "## Targets (issue 15)", ""]
+    for T, ref, limit in TARGETS:
+        r = ratios(samples.get(T, {}), "fpa_chunked", ref)
+        what = f"- chunked FPA fwd+bwd <= {limit:g}x {LABELS[ref]} at T={T}"
+        if not r:
+            lines.append(f"{what}: NOT RUN")
             continue
-        r = fc / ref
-        out.append(f"{what}: **{verdict(r <= limit)}** ({fc:.1f} ms vs {ref:.1f} ms = {r:.2f}x)")
-    # (c)
-    pairs = []
-    for T in seq_lens:
-        if T < 1024:
-            continue
-        a, b = times.get((T, "fpa_chunked")), times.get((T, "fox_dense_sdpa"))
-        if a is not None and b is not None:
-            pairs.append((T, a, b))
-    if pairs:
-        ok = all(a < b for _, a, b in pairs)
-        detail = "; ".join(f"T={T}: {a:.1f} vs {b:.1f} ms ({a / b:.2f}x)" for T, a, b in pairs)
-        out.append(
-            f"- (c) chunked FPA faster than dense-mask FoX for all T >= 1024: **{verdict(ok)}** ({detail})"
-        )
-    else:
-        out.append("- (c) chunked FPA faster than dense-mask FoX from T=1024: NOT EVALUATED")
-    # (d)
-    mc, mr = mems.get((8192, "fpa_chunked")), mems.get((8192, "fpa_reference"))
-    if mc is not None and mr is not None:
-        r = mc / mr
-        est = " (reference figure is an estimate, see table)" if (8192, "fpa_reference") in mem_note else " (both measured)"
-        out.append(
-            f"- (d) chunked FPA peak memory at T=8192 <= 1/8 of dense reference: **{verdict(r <= 1 / 8)}** "
-            f"({mc:.0f} MiB vs {mr:.0f} MiB = 1/{mr / mc:.1f}){est}"
-            if mc > 0
-            else f"- (d) **MET** (chunked {mc:.0f} MiB vs reference {mr:.0f} MiB){est}"
-        )
-    else:
-        out.append("- (d) chunked FPA peak memory at T=8192 <= 1/8 of dense reference: NOT EVALUATED (T=8192 not run)")
-    return out
-
-
-def write_atomic(path: str, text: str) -> None:
-    d = os.path.dirname(os.path.abspath(path))
-    os.makedirs(d, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=".md")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
-# ----------------------------------------------------------------------------- main
+        med = statistics.median(r)
+        lines.append(f"{what}: **{'MET' if med <= limit else 'MISSED'}** ({med:.2f}x, per-repetition "
+                     f"[{min(r):.2f}, {max(r):.2f}]; {statistics.median(samples[T]['fpa_chunked']):.1f} ms vs "
+                     f"{statistics.median(samples[T][ref]):.1f} ms)")
+    return "\n".join(lines) + "\n"
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seq-lens", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192])
-    p.add_argument("--reps", type=int, default=5, help="timed repetitions (after 1 warm-up)")
+    p.add_argument("--reps", type=int, default=7, help="timed repetitions (after 1 warm-up)")
+    p.add_argument("--methods", nargs="+", default=METHODS, choices=METHODS)
     p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "ops-cpu.md"))
-    p.add_argument("--mem-cap-gib", type=float, default=16.0,
-                   help="do not measure a dense method whose extrapolated peak exceeds this; estimate instead")
-    p.add_argument("--time-max-t", type=int, default=1 << 30,
-                   help="skip timing (but keep memory) for T above this")
-    p.add_argument("--no-mem", action="store_true", help="skip memory subprocesses")
+    p.add_argument("--no-mem", action="store_true", help="skip the memory subprocesses")
     p.add_argument("--_mem-child", nargs=2, metavar=("T", "METHOD"), help=argparse.SUPPRESS)
     args = p.parse_args()
-
     if args._mem_child:
         _mem_child(int(args._mem_child[0]), args._mem_child[1])
         return
+    from fpa.data.atomic import atomic_write_text
 
-    from tqdm import tqdm
-
+    load0 = "/".join(f"{x:.2f}" for x in os.getloadavg())
     seq_lens = sorted(args.seq_lens)
-    times: dict = {}
+    samples: dict = {}
     mems: dict = {}
-    mem_note: set = set()
-
-    # ---- timing
     for T in seq_lens:
-        if T > args.time_max_t:
-            continue
-        methods = [m for m in METHODS if T <= TIME_MAX_T.get(m, 1 << 30)]
+        methods = [m for m in args.methods if T <= MAX_T.get(m, 1 << 30)]
         x = make_inputs(T)
-        samples = {m: [] for m in methods}
-        bar = tqdm(total=(args.reps + 1) * len(methods), desc=f"time T={T}", file=sys.stderr)
+        s = {m: [] for m in methods}
         for rep in range(args.reps + 1):
             for m in methods:
-                bar.set_postfix_str(m)
                 t = time_once(m, x)
                 if rep > 0:
-                    samples[m].append(t)
-                bar.update(1)
-        bar.close()
-        for m in methods:
-            times[(T, m)] = statistics.median(samples[m])
-        del x
-
-    # ---- memory
-    if not args.no_mem:
-        jobs = [(T, m) for T in seq_lens for m in METHODS if T <= MEM_MAX_T.get(m, 1 << 30)]
-        cap_mib = args.mem_cap_gib * 1024
-        for T, m in tqdm(jobs, desc="memory", file=sys.stderr):
-            if m in DENSE:
-                prev = [(t2, mems[(t2, m)]) for t2 in seq_lens if t2 < T and (t2, m) in mems and (t2, m) not in mem_note]
-                if prev:
-                    t2, m2 = prev[-1]
-                    est = m2 * (T / t2) ** 2
-                    if est > cap_mib:
-                        mems[(T, m)] = est
-                        mem_note.add((T, m))
-                        continue
-            mb = measure_mem(T, m)
-            if mb is not None:
-                mems[(T, m)] = mb
-
-    report = build_report(seq_lens, args.reps, times, mems, mem_note)
-    if args.time_max_t < max(seq_lens):
-        report = report.replace("\n| T |", f"\nTiming was skipped for T > {args.time_max_t} (run-time budget); memory was still measured.\n\n| T |", 1)
-    print(report)
-    write_atomic(args.out, report)
+                    s[m].append(t)
+        samples[T] = s
+        print(f"T={T}: " + ", ".join(f"{m} {statistics.median(v):.1f} ms" for m, v in s.items()), file=sys.stderr, flush=True)
+        if not args.no_mem:
+            for m in methods:
+                if m in ("fpa_chunked", "fox_chunked", "sdpa_causal", "fpa_reference"):
+                    mems[(T, m)] = measure_mem(T, m)
+    load1 = "/".join(f"{x:.2f}" for x in os.getloadavg())
+    text = report(seq_lens, args.reps, samples, mems, (load0, load1))
+    print(text)
+    atomic_write_text(args.out, text)
     print(f"wrote {args.out}", file=sys.stderr)
 
 
