@@ -12,7 +12,7 @@ import importlib
 import torch
 from torch import Tensor
 
-from fpa.ops import checks
+from fpa.ops import checks, gpu_verified
 from fpa.ops.field import past_min_from_field
 from fpa.ops.fox.chunked import DEFAULT_CHUNK as FOX_CHUNK
 from fpa.ops.fox.chunked import fox_chunked
@@ -49,8 +49,8 @@ def backend_unavailable_reason(backend: str, q: Tensor, needs_grad: bool) -> str
 
 
 def _pick_auto(q: Tensor, needs_grad: bool) -> str:
-    if q.device.type == "cuda":
-        for name in ("triton", "flex"):
+    if q.device.type == "cuda":  # only backends verified on this GPU (fpa.ops.gpu_verified)
+        for name in gpu_verified.allowed_backends(str(q.device)):
             if backend_unavailable_reason(name, q, needs_grad) is None:
                 return name
     return "chunked"
@@ -84,6 +84,13 @@ def _empty_output(q: Tensor, v: Tensor, inputs: tuple[Tensor, ...]) -> Tensor:
         if x.requires_grad:
             out = out + (x * 0).sum().to(out.dtype)
     return out
+
+
+def _nonempty_head_dim(q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+    """D = 0: every score is 0; a zero column gives the same scores, and backends need D >= 1."""
+    if q.shape[-1] > 0:
+        return q, k
+    return torch.nn.functional.pad(q, (0, 1)), torch.nn.functional.pad(k, (0, 1))
 
 
 def _check_dip_range(mm: dict[str, tuple[float, float]], dt: torch.dtype) -> None:
@@ -132,7 +139,8 @@ def first_passage_attention(
             A Python float is used in the math dtype (float64 for float64 inputs, not rounded).
         scale: logit scale, default 1 / sqrt(D).
         backend: "auto", "reference", "chunked", "flex" or "triton". "auto" picks triton, then
-            flex on CUDA, and chunked on CPU. An explicit backend that cannot run raises a
+            flex on CUDA where verified on that GPU (fpa.ops.gpu_verified: benchmarks/gpu_check.py's
+            record or FPA_GPU_BACKENDS), else chunked; chunked on CPU. An explicit backend that cannot run raises a
             ValueError saying why.
         past_min: optional (B, Hq, Tk - Tq), the cache form: for each of the first Tk - Tq keys,
             the field's minimum after that key up to just before the first query (+inf where
@@ -204,6 +212,7 @@ def first_passage_attention(
     if B == 0 or Tq == 0 or v.shape[-1] == 0:
         return _empty_output(q, v, tensors if isinstance(beta, Tensor) else tensors[:5] + tensors[6:])
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+    q, k = _nonempty_head_dim(q, k)
     if backend == "auto":
         backend = _pick_auto(q, needs_grad)
     else:
@@ -268,6 +277,7 @@ def forgetting_attention(
             )
     if B == 0 or Tq == 0 or v.shape[-1] == 0:
         return _empty_output(q, v, (q, k, v, log_fgate))
+    q, k = _nonempty_head_dim(q, k)
     if backend == "reference":
         return fox_reference(q, k, v, log_fgate, scale)
     return fox_chunked(q, k, v, log_fgate, scale, chunk)
