@@ -94,6 +94,13 @@ def test_train_rejects_misspelt_override_before_work(tmp_path, capsys):
     assert not out.exists()
 
 
+def test_failed_train_leaves_no_folder(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", "--out-dir", str(out), "--data-source", str(tmp_path / "none*.txt"), "--steps", "1"]) == 2
+    assert "matches nothing" in err_line(capsys)
+    assert not out.exists()
+
+
 def test_out_dir_naming_a_file(tmp_path, capsys):
     f = tmp_path / "afile"
     f.write_text("x")

@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 from dataclasses import fields
+from pathlib import Path
 
 # flags of `fpa train`: every TrainConfig field except these gets --kebab-name (type from the default)
 _SPECIAL = {"model_overrides", "data_source", "progress", "tensorboard", "out_dir", "verify_data"}
@@ -111,7 +113,18 @@ def _run_train(args: argparse.Namespace) -> int:
         from fpa.data import read_meta
 
         read_meta(cfg.data_dir)
-    summary = train(cfg)
+    out = Path(cfg.out_dir)
+    created = not out.exists()
+    try:
+        summary = train(cfg)
+    except Exception:
+        # a run that failed before its first checkpoint leaves nothing behind (a folder it made);
+        # with a checkpoint the folder stays, so that rerunning the command resumes
+        from fpa.train.checkpoint import list_checkpoints
+
+        if created and os.environ.get("RANK", "0") == "0" and out.is_dir() and not list_checkpoints(out):
+            shutil.rmtree(out, ignore_errors=True)
+        raise
     if os.environ.get("RANK", "0") == "0":  # under torchrun, one summary
         print(json.dumps(summary, indent=1))
     return 0
