@@ -173,11 +173,17 @@ def first_passage_attention(
     no gradient to field, level or beta through that entry. (So on fox_as_fpa's field, where a
     forget gate of exactly 1 makes the dip exactly 0, the log-gate gradient differs from FoX's.)
     Where several positions t in (j, i] tie for the minimum, the field gradient of that entry goes
-    to ONE of them: "reference" and "chunked" use the LATEST tied position t for keys inside the
-    same query chunk / everywhere in the reference; "chunked" uses, for a key before the chunk
-    [r0, r1), the latest tied position in [r0, i] if the minimum is attained there, else the
-    EARLIEST tied position in (j, r0) (else past_min); triton takes the earliest within its tiles.
-    Each is a valid subgradient; tests/ops/test_oracle.py checks them per position.
+    to ONE of them (positions are absolute, 0..Tk-1; P = Tk - Tq):
+      - "reference": the LATEST tied t (torch.cummin). In the cache form a tie between past_min[j]
+        and the new field's running minimum splits the gradient equally (torch.minimum).
+      - "chunked": for the query chunk starting at position c0 = P + r0: the latest tied t >= c0
+        if the minimum is attained there, else the EARLIEST tied t (all < c0). (Keys inside the
+        chunk thus always take the latest.) Where that t is before P, the cache form's gradient
+        goes to past_min[j] instead.
+      - "triton": its own tile-wise choice (fpa.ops.fpa.triton; tested per row under ties).
+      - "flex": no backward on CPU; on CUDA through FlexAttention's captured-buffer gradients.
+    Each is a valid subgradient; tests/ops/test_oracle.py checks reference and chunked per
+    position against a loop oracle run with the same rule.
     """
     B, Hq, Hkv, Tq, Tk, D = checks.check_qkv(q, k, v)
     P = Tk - Tq
