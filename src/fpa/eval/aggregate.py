@@ -98,5 +98,23 @@ def aggregate(p: ReproducePreset, runs: list[dict], trained: dict, evaluated: di
                        "cache_curve": {pol: c[i] for pol, c in curves.items()}}
                       for i, (s, t, lo, g) in enumerate(zip(seeds, train, loss, pk))],
         }
+    kvpress = {}
+    for name in names:
+        rs = [r for r in runs if r["name"] == name and f"kvpress-{run_id(r)}" in evaluated]
+        if rs:
+            kvpress[name] = _kvpress([evaluated[f"kvpress-{run_id(r)}"] for r in rs], [r["seed"] for r in rs])
     return {"preset": p.to_dict(), "train_len": p.train_len, "seeds": sorted({r["seed"] for r in runs}),
-            "methods": methods}
+            "methods": methods, "kvpress": kvpress}
+
+
+def _kvpress(per_seed: list[dict], seeds: list[int]) -> list[dict]:
+    """One row per (press, compression ratio): accuracy by length and kept fraction over seeds."""
+    rows = []
+    for i, g in enumerate(per_seed[0]["grids"]):
+        gs = [d["grids"][i] for d in per_seed]
+        acc = np.asarray([x["accuracy_by_length"] for x in gs], float)  # (S, n_len)
+        rows.append({"press": g["press"], "compression_ratio": g["compression_ratio"], "lengths": g["lengths"],
+                     "kept_fraction": float(np.mean([x["kept_fraction_mean"] for x in gs])),
+                     "accuracy_by_length": acc.mean(0).tolist(), "accuracy_by_length_min": acc.min(0).tolist(),
+                     "accuracy_by_length_max": acc.max(0).tolist(), "seeds": seeds})
+    return rows

@@ -60,6 +60,12 @@ class ReproducePreset:
     budget_methods: tuple[str, ...] = ("fpa-walk", "fox")
     hybrid_threshold: float = 16.0  # own rule at this tau, then a per-head budget (fpa.cache.hybrid)
     hybrid_fractions: tuple[float, ...] = (0.2, 0.35, 0.5)
+    # kvpress presses as baselines (run only where the kvpress extra imports): on the softmax-RoPE
+    # models exported to transformers' LlamaForCausalLM (fpa.eval.kvpress_grid)
+    kvpress_methods: tuple[str, ...] = ("softmax-rope",)
+    kvpress_presses: tuple[str, ...] = ("knorm", "snapkv", "streaming_llm")
+    kvpress_multiples: tuple[int, ...] = (1, 8)
+    kvpress_fractions: tuple[float, ...] = (0.25, 0.5)
     seeds: tuple[int, ...] = (0,)
     ablation_seeds: tuple[int, ...] = ()
     eval_every: int | None = None
@@ -83,7 +89,7 @@ PRESETS = {
         corpus_max_bytes=400_000, loss_multiple=4, loss_windows=2, passkey_multiples=(1, 2),
         depths=(0.0, 1.0), trials=2, cache_multiples=(2,), cache_depths=(0.5,), cache_trials=2,
         fractions=(0.5,), chunk_size=64, cache_thresholds=(4.0,), seeds=(0, 1), ablation_seeds=(0,),
-        hybrid_fractions=(0.5,),
+        hybrid_fractions=(0.5,), kvpress_multiples=(1, 2), kvpress_fractions=(0.5,),
         model_overrides=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                              num_key_value_heads=2, intermediate_size=64)),
     # 2 CPU cores, about 60 minutes with --jobs 2 (docs/reproduce.md). The recipe that learns the

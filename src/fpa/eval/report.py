@@ -77,6 +77,27 @@ def curve_table(results: dict) -> str:
     return "\n".join(rows)
 
 
+def kvpress_table(results: dict) -> str:
+    """kvpress presses on the exported models, beside the same models' full cache."""
+    kv = results.get("kvpress") or {}
+    if not kv:
+        return ("(not run: kvpress was not importable where this report was written; it pins transformers<5.3. "
+                "Rerun `fpa reproduce` with the same arguments in an environment with the `kvpress` extra.)")
+    L, rows = results["train_len"], []
+    for name, presses in kv.items():
+        mults = [n // L for n in presses[0]["lengths"]]
+        rows += [f"| method | press | compression | kept | " + " | ".join(f"passkey {k}x" for k in mults) + " |",
+                 "|" + "---|" * (4 + len(mults))]
+        full = results["methods"][name]
+        rows.append(f"| {name} | full cache (ours) | 0 | 100% | "
+                    + " | ".join(_spread_pct(*at_multiple(full, k, L)) for k in mults) + " |")
+        for r in presses:
+            rows.append(f"| {name} | {r['press']} | {r['compression_ratio']:g} | {100 * r['kept_fraction']:.1f}% | "
+                        + " | ".join(_spread_pct(a, lo, hi) for a, lo, hi in zip(
+                            r["accuracy_by_length"], r["accuracy_by_length_min"], r["accuracy_by_length_max"])) + " |")
+    return "\n".join(rows)
+
+
 def ablation_table(results: dict) -> str:
     L, ms = results["train_len"], results["methods"]
     pairs = [(n[:-len("-lr1")], n) for n in ms if n.endswith("-lr1") and n[:-len("-lr1")] in ms]
@@ -217,6 +238,8 @@ def write_report(results: dict, out_dir: str | Path) -> None:
           "## Verdicts (the paper's claims at this scale)", "", *results["verdicts"], "",
           "## Loss and passkey, full cache (mean [min-max] over seeds)", "", passkey_table(results), "",
           "## Passkey against kept fraction (mean [min-max] over seeds)", "", curve_table(results), "",
+          "## kvpress presses (through kvpress itself, on the model exported to LlamaForCausalLM)", "",
+          kvpress_table(results), "",
           "## Ablation: FPA's field learning-rate multiplier", "", ablation_table(results), "",
           "## Setup", "", how_text(results), "", "## Figures", ""]
     md += [f"### {cap}\n\n![{cap}]({f})\n" for cap, f in figs.items()]

@@ -118,7 +118,23 @@ def eval_stage(kind: str, p_dict: dict, model_dir: str, data_dir: str, policy: s
         return {"points": policy_curve(model, tok, policy, p.train_len, p.cache_multiples, p.cache_depths,
                                        p.cache_trials, p.cache_thresholds, fractions, p.chunk_size, p.seed,
                                        hybrid_threshold=p.hybrid_threshold)}
-    raise ValueError(f"kind must be loss, passkey or curve, got {kind!r}")
+    if kind == "kvpress":
+        from fpa.eval.kvpress_grid import kvpress_passkey_grid
+
+        return kvpress_passkey_grid(model, tok, [L * m for m in p.kvpress_multiples], p.cache_depths, p.cache_trials,
+                                    [round(1 - f, 6) for f in p.kvpress_fractions], p.kvpress_presses, seed=p.seed)
+    raise ValueError(f"kind must be loss, passkey, curve or kvpress, got {kind!r}")
+
+
+def kvpress_available() -> str | None:
+    """None if kvpress runs here, else the reason (its stages are then left for another run)."""
+    try:
+        from fpa.eval.kvpress_grid import _kvpress
+
+        _kvpress()
+    except Exception as e:  # noqa: BLE001 - any failure to import means "not here"
+        return f"{type(e).__name__}: {e}"
+    return None
 
 
 def curve_policies(p: ReproducePreset, run: dict) -> list[str]:
@@ -186,7 +202,18 @@ def reproduce(p: ReproducePreset, out_dir: str | Path, progress: bool = True,
                        (f"passkey-{rid}", eval_stage, ("passkey", p_dict, model_dir, str(data_dir)))]
         eval_tasks += [(f"curve-{rid}-{pol}", eval_stage, ("curve", p_dict, model_dir, str(data_dir), pol))
                        for pol in curve_policies(p, r)]
+    kvpress_missing = kvpress_available() if any(r["name"] in p.kvpress_methods for r in runs) else "no method"
+    if kvpress_missing is None:
+        eval_tasks += [(f"kvpress-{run_id(r)}", eval_stage, ("kvpress", p_dict, trained[f"train-{run_id(r)}"]["model_dir"],
+                                                             str(data_dir))) for r in runs
+                       if r["name"] in p.kvpress_methods and not r["ablation"]]
+    else:
+        log(f"kvpress stages skipped ({kvpress_missing}); rerun under an environment with the kvpress extra to add them")
     evaluated = run_tasks(stages, eval_tasks, jobs, progress, desc="evaluate")
+    for r in runs:  # kvpress results of an earlier run under another environment
+        name = f"kvpress-{run_id(r)}"
+        if name not in evaluated and stages.done(name):
+            evaluated[name] = stages.run(name, lambda: None)
     examples = {}
     for r in runs:
         if r["attention"] == "fpa" and not r["ablation"] and r["seed"] == seeds[0]:
