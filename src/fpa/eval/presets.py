@@ -100,8 +100,8 @@ PRESETS = {
         name="cpu", train_len=128, steps=1000, batch_size=32, lr=3e-3, warmup_steps=50, mix_rate=0.5,
         corpus_max_bytes=20_000_000, loss_multiple=8, loss_windows=16, passkey_multiples=(1, 2, 4, 8, 16),
         depths=(0.0, 0.25, 0.5, 0.75, 1.0), trials=10, cache_multiples=(8, 16),
-        cache_depths=(0.0, 0.25, 0.5, 0.75, 1.0), cache_trials=6, fractions=(0.1, 0.15, 0.2, 0.25, 0.35, 0.5),
-        chunk_size=128, seeds=(0, 1, 2), ablation_seeds=(0,), eval_every=100, hybrid_fractions=(0.2, 0.35, 0.5),
+        cache_depths=(0.0, 0.25, 0.5, 0.75, 1.0), cache_trials=6, fractions=(0.1, 0.15, 0.25, 0.5),
+        chunk_size=128, seeds=(0, 1, 2), ablation_seeds=(0,), eval_every=100, hybrid_fractions=(0.2, 0.35),
         model_overrides=dict(num_hidden_layers=2)),
     # The first cpu preset (400 steps of 8 x 256 tokens, 4 layers): no method learned the passkey.
     # Kept to reproduce results/reproduce-cpu-long (1,600 steps) and the finding that it does not learn.
