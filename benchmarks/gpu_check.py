@@ -1,0 +1,378 @@
+"""The one prepared GPU check (issue 15): correctness, speed and a training line, one command.
+
+    python benchmarks/gpu_check.py                      # one GPU (H200: ~5 min); writes benchmarks/results/gpu-h200.md
+    python benchmarks/gpu_check.py --model DIR          # also: tiles skipped on a trained model's fields
+    python benchmarks/gpu_check.py --dry-run --out X.md # CPU, tiny shapes, triton in its interpreter (the tests run this)
+
+(a) Correctness of the triton and flex backends, forward and every gradient, against the dense
+    reference on the same device: odd T, GQA, Tq < Tk, a decoding step, T up to 4096; float32 and
+    bfloat16; FPA (random field/level, learned beta) and FoX-as-FPA (field = level = cumsum(log f),
+    beta = 1, against FoX's own reference; the gradient reaches log f through the cumsum).
+    The verdict per backend is recorded (fpa.ops.gpu_verified): ``backend="auto"`` on CUDA picks
+    only backends whose check passed on this GPU with these torch/triton versions and sources.
+(b) Forward + backward time, bf16, H=16, D=128, B*T = 32768: FPA through the triton kernel (tile
+    skipping off and on), FoX through the same kernel (its field), SDPA flash; T = 1k..32k.
+    Tile skipping: the fraction of off-diagonal tile pairs skipped on these fields, and with
+    --model on a trained model's fields (each FPA layer, on random token ids).
+(c) Training throughput of the tiny preset (batch 8 x 1024, bf16 autocast) per attention type.
+
+Every section runs under a deadline (--budget-s, default 420 s) and reports what it skipped.
+Exit status 1 when a correctness check fails (the table is still written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_OUT = ROOT / "benchmarks" / "results" / "gpu-h200.md"
+NAMES = ("q", "k", "v", "field", "level", "beta")
+TOLS = {torch.float32: (2e-5, 2e-4), torch.bfloat16: (2e-2, 5e-2)}  # (rms, max) forward; gradients 4x / 20x
+SKIP_TOL = 1e-3
+
+
+class Clock:
+    def __init__(self, budget_s: float):
+        self.t0, self.budget = time.time(), budget_s
+
+    def left(self) -> float:
+        return self.budget - (time.time() - self.t0)
+
+
+# ---------------------------------------------------------------- (a) correctness
+
+
+def _case_inputs(kind: str, dtype, B, Hq, Hkv, Tq, Tk, D, device, seed) -> dict:
+    g = torch.Generator(device=device).manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=g, device=device)  # noqa: E731
+    xs = dict(q=r(B, Hq, Tq, D), k=r(B, Hkv, Tk, D), v=r(B, Hkv, Tk, D))
+    if kind == "fpa":
+        xs.update(field=torch.cumsum(0.3 * r(B, Hq, Tk), -1), level=torch.cumsum(0.3 * r(B, Hq, Tk), -1) + r(B, Hq, Tk),
+                  beta=torch.rand(Hq, generator=g, device=device) + 0.25)
+    else:
+        xs["log_f"] = F.logsigmoid(r(B, Hq, Tk) + 2.0)
+    return {n: (t.to(dtype) if n in ("q", "k", "v") else t).requires_grad_(True) for n, t in xs.items()}
+
+
+def _run_case(kind: str, backend: str, xs: dict, w: torch.Tensor, grads: bool) -> list[torch.Tensor]:
+    from fpa import first_passage_attention, forgetting_attention
+    from fpa.ops import fox_as_fpa
+
+    leaves = list(xs.values())
+    if kind == "fpa":
+        o = first_passage_attention(*(xs[n] for n in NAMES[:5]), beta=xs["beta"], backend=backend, check_inputs=False)
+    elif backend == "reference":
+        o = forgetting_attention(xs["q"], xs["k"], xs["v"], xs["log_f"], backend="reference")
+    else:
+        field, level = fox_as_fpa(xs["log_f"])
+        o = first_passage_attention(xs["q"], xs["k"], xs["v"], field, level, beta=1.0, backend=backend,
+                                    check_inputs=False)
+    if not grads:
+        return [o.detach()]
+    return [o.detach(), *torch.autograd.grad((o.float() * w).sum(), leaves)]
+
+
+def correctness(device: str, dry: bool, clock: Clock) -> tuple[list[str], dict[str, bool]]:
+    """-> table lines, verdict per backend (True: every case passed)."""
+    f32, b16 = torch.float32, torch.bfloat16
+    if dry:
+        cases = [("fpa", f32, 1, 2, 1, 9, 21, 16), ("fox", f32, 1, 2, 2, 17, 17, 16), ("fpa", b16, 1, 2, 1, 20, 20, 16)]
+    else:  # kind, dtype, B, Hq, Hkv, Tq, Tk, D
+        cases = [("fpa", f32, 2, 4, 2, 77, 150, 64), ("fpa", b16, 2, 4, 2, 77, 150, 128), ("fpa", b16, 1, 2, 1, 129, 129, 128),
+                 ("fpa", f32, 1, 2, 1, 1, 333, 64), ("fox", f32, 1, 2, 2, 1000, 1000, 64), ("fox", b16, 2, 4, 2, 300, 517, 128),
+                 ("fpa", b16, 1, 4, 2, 4096, 4096, 128), ("fox", b16, 1, 2, 2, 4096, 4096, 64)]
+    lines = ["## (a) Correctness against the dense reference", "",
+             "Relative RMS / max abs error of the output and of every gradient (worst over the inputs); "
+             "tolerances: forward float32 2e-5 / 2e-4, bfloat16 2e-2 / 5e-2; gradients 4x / 20x those.", "",
+             "| backend | kind | dtype | B, Hq, Hkv, Tq, Tk, D | forward rms / max | worst gradient rms / max | verdict |",
+             "|---|---|---|---|---|---|---|"]
+    verdict = {"triton": True, "flex": True}
+    for i, (kind, dtype, B, Hq, Hkv, Tq, Tk, D) in enumerate(cases):
+        xs = _case_inputs(kind, dtype, B, Hq, Hkv, Tq, Tk, D, device, seed=i)
+        w = torch.randn(B, Hq, Tq, D, generator=torch.Generator(device=device).manual_seed(99), device=device)
+        ref = _run_case(kind, "reference", xs, w, grads=True)
+        names = ["out"] + list(xs)
+        for backend in ("triton", "flex"):
+            shape = f"{B}, {Hq}, {Hkv}, {Tq}, {Tk}, {D}"
+            row = f"| {backend} | {kind} | {str(dtype)[6:]} | {shape} |"
+            if clock.left() < 60:
+                lines.append(f"{row} — | — | not run (time budget) |")
+                verdict[backend] = False
+                continue
+            grads = not (backend == "flex" and device == "cpu")  # FlexAttention has no backward on CPU
+            try:
+                with torch.set_grad_enabled(grads):
+                    got = _run_case(kind, backend, xs, w, grads)
+            except Exception as e:  # noqa: BLE001 - a compile or launch error is a failed check
+                lines.append(f"{row} — | — | **FAIL**: {type(e).__name__}: {str(e)[:150]} |")
+                verdict[backend] = False
+                traceback.print_exc()
+                continue
+            errs = []
+            for n, a, b in zip(names, got, ref):
+                err = a.double() - b.double()
+                rms = float(err.pow(2).mean().sqrt() / b.double().pow(2).mean().sqrt().clamp(min=1e-3))
+                errs.append((n, rms, float(err.abs().max())))
+            rt, mt = TOLS[dtype]
+            ok = errs[0][1] <= rt and errs[0][2] <= mt and all(r <= 4 * rt and m <= 20 * mt for _, r, m in errs[1:])
+            verdict[backend] &= ok
+            worst = max(errs[1:], key=lambda e: e[1] / (4 * rt) + e[2] / (20 * mt)) if len(errs) > 1 else None
+            gcell = f"{worst[1]:.1e} / {worst[2]:.1e} (d{worst[0]})" if worst else "n/a (no flex backward on CPU)"
+            lines.append(f"{row} {errs[0][1]:.1e} / {errs[0][2]:.1e} | {gcell} | {'pass' if ok else '**FAIL**'} |")
+    lines += ["", "Verdict: " + ", ".join(f"{b} **{'PASS' if v else 'FAIL'}**" for b, v in verdict.items()), ""]
+    return lines, verdict
+
+
+# ---------------------------------------------------------------- (b) speed and tile skipping
+
+
+def _timing_inputs(T: int, device: str, H: int, D: int, tokens: int) -> dict:
+    g = torch.Generator(device=device).manual_seed(T)
+    B = max(1, tokens // T)
+    r = lambda *s: torch.randn(*s, generator=g, device=device)  # noqa: E731
+    q, k = (F.normalize(r(B, H, T, D), dim=-1) * D**0.5 for _ in range(2))  # QK-norm-like: bounded logits
+    walk = torch.cumsum(0.5 * r(B, H, T), -1)  # an FPA walk (field = level)
+    cum = torch.cumsum(F.logsigmoid(r(B, H, T) + 3.0), -1)  # FoX's field
+    x = dict(q=q.bfloat16(), k=k.bfloat16(), v=r(B, H, T, D).bfloat16(), walk=walk, cum=cum)
+    for t in x.values():
+        t.requires_grad_(True)
+    x["dout"] = r(B, H, T, D).bfloat16()
+    return x
+
+
+def _methods(H: int, D: int) -> dict:
+    from fpa.ops.fpa.triton import fpa_triton
+
+    def via_triton(fieldname: str, skip):
+        def fn(x):
+            f = x[fieldname]
+            beta = torch.ones(H, device=f.device)
+            return fpa_triton(x["q"], x["k"], x["v"], f, f, f[..., :0], beta, D**-0.5, skip_tolerance=skip)
+        return fn
+
+    def sdpa(x):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        backend = SDPBackend.FLASH_ATTENTION if x["q"].is_cuda else SDPBackend.MATH
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(x["q"], x["k"], x["v"], is_causal=True)
+
+    return {"FPA triton": via_triton("walk", None), f"FPA triton, skip {SKIP_TOL:g}": via_triton("walk", SKIP_TOL),
+            "FoX via triton": via_triton("cum", None), f"FoX via triton, skip {SKIP_TOL:g}": via_triton("cum", SKIP_TOL),
+            "SDPA flash": sdpa}
+
+
+def _time_ms(fn, x, reps: int) -> float:
+    leaves = [t for n, t in x.items() if n != "dout"]
+
+    def once():
+        torch.autograd.grad(fn(x), leaves, x["dout"], allow_unused=True)
+
+    once()  # warm-up, compiles
+    times = []
+    for _ in range(reps):
+        if x["q"].is_cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        once()
+        if x["q"].is_cuda:
+            torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def _skip_fraction(q, k, v, field, level, beta, scale) -> float:
+    """Fraction of the off-diagonal (query tile, key tile) pairs the forward skips at SKIP_TOL."""
+    from fpa.ops.fpa.triton import skipped_tiles
+
+    with torch.no_grad():
+        _, n = skipped_tiles(q, k, v, field, level, field[..., :0], beta, scale, SKIP_TOL)
+    nq = n.shape[-1]
+    return float(n.sum()) / (n.shape[0] * n.shape[1] * nq * (nq - 1) / 2) if nq > 1 else 0.0
+
+
+def speed(device: str, dry: bool, clock: Clock, reps: int) -> list[str]:
+    H, D, tokens = (2, 16, 32) if dry else (16, 128, 32768)
+    seq_lens = [32] if dry else [1024, 2048, 4096, 8192, 16384, 32768]
+    fns = _methods(H, D)
+    rows: dict = {}
+    skips: dict = {}
+    for T in seq_lens:
+        x = _timing_inputs(T, device, H, D, tokens)
+        beta = torch.ones(H, device=device)
+        for name, f in (("FPA walk", "walk"), ("FoX", "cum")):
+            skips[(name, T)] = _skip_fraction(x["q"], x["k"], x["v"], x[f].detach(), x[f].detach(), beta, D**-0.5)
+        for name, fn in fns.items():
+            if clock.left() < 90:
+                rows[(name, T)] = "not run (time budget)"
+                continue
+            try:
+                rows[(name, T)] = _time_ms(fn, x, reps)
+            except Exception as e:  # noqa: BLE001 - reported in the table
+                rows[(name, T)] = "OOM" if "out of memory" in str(e).lower() else f"failed: {type(e).__name__}"
+                print(f"{name} T={T}: {e!r}", file=sys.stderr)
+            if device == "cuda":
+                torch.cuda.empty_cache()
+            print(f"T={T} {name}: {rows[(name, T)]}", flush=True)
+        del x
+    ref = "FoX via triton"
+    lines = ["## (b) Forward + backward time (ms), bf16", "",
+             f"H={H}, D={D}, batch = {tokens} // T; q, k L2-normalised x sqrt(D); FPA field = level = a walk "
+             "(cumsum of 0.5 N(0,1) steps); FoX field = cumsum(logsigmoid(N(0,1) + 3)); beta = 1. Median of "
+             f"{reps} calls after a warm-up; (ratio to {ref}). Triton under its interpreter in a dry run: "
+             "those times mean nothing.", "",
+             "| method | " + " | ".join(f"T={T}" for T in seq_lens) + " |", "|---|" + "---:|" * len(seq_lens)]
+    for name in fns:
+        cells = []
+        for T in seq_lens:
+            t, f = rows.get((name, T)), rows.get((ref, T))
+            ratio = f" ({t / f:.2f}x)" if isinstance(t, float) and isinstance(f, float) else ""
+            cells.append(f"{t:.2f}{ratio}" if isinstance(t, float) else str(t))
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += ["", f"Off-diagonal tile pairs skipped at skip_tolerance={SKIP_TOL:g}: "
+              + "; ".join(f"{n} T={T}: {v:.1%}" for (n, T), v in skips.items()), ""]
+    return lines
+
+
+def model_skips(model_dir: str, device: str, clock: Clock, T: int) -> list[str]:
+    """Tiles skipped on a trained model's fields: each FPA layer's q, k, v, field, level on random ids."""
+    from fpa.layers.attention import FirstPassageAttention
+    from fpa.models import FPAForCausalLM
+
+    model = FPAForCausalLM.from_pretrained(model_dir).to(device).eval()
+    captured = []
+
+    def hook(mod, args):
+        x = args[0]
+        q = mod._heads(mod.q_proj(x), mod.num_heads)
+        k = mod._heads(mod.k_proj(x), mod.num_kv_heads)
+        if mod.q_norm is not None:
+            q, k = mod.q_norm(q), mod.k_norm(k)
+        v = mod._heads(mod.v_proj(x), mod.num_kv_heads)
+        field, level = mod.field_level(x)
+        captured.append((q, k, v, field, level, mod.beta.float(), mod.scale))
+
+    hooks = [m.register_forward_pre_hook(hook) for m in model.modules() if isinstance(m, FirstPassageAttention)]
+    if not hooks:
+        return [f"Model {model_dir}: no FPA layers, no tile-skip figure.", ""]
+    ids = torch.randint(0, model.config.vocab_size, (1, T), device=device)
+    with torch.no_grad():
+        model(input_ids=ids)
+    for h in hooks:
+        h.remove()
+    fr = [_skip_fraction(*c) for c in captured]
+    return [f"Trained model `{model_dir}` ({model.config.fpa_mode} mode), random ids, T={T}: off-diagonal tile "
+            f"pairs skipped at skip_tolerance={SKIP_TOL:g} per FPA layer: " + ", ".join(f"{f:.1%}" for f in fr), ""]
+
+
+# ---------------------------------------------------------------- (c) training throughput
+
+
+def training(device: str, dry: bool, clock: Clock, fpa_backend: str) -> list[str]:
+    from fpa.layers.attention import FirstPassageAttention
+    from fpa.models import FPAConfig, FPAForCausalLM
+    from fpa.train import parameter_groups
+
+    batch, T, steps = (2, 64, 2) if dry else (8, 1024, 10)
+    over = dict(num_hidden_layers=2) if dry else {}
+    lines = ["## (c) Training throughput, tiny preset", "",
+             f"batch {batch} x {T}, AdamW over fpa.train.parameter_groups, "
+             f"{'bf16 autocast, ' if device == 'cuda' else ''}median of {steps} steps after 2 warm-up steps; "
+             f"FPA layers on backend {fpa_backend!r}, FoX on its chunked backend.", "",
+             "| attention | tokens/s | step ms |", "|---|---:|---:|"]
+    for att, kw in (("softmax_rope", {}), ("fox", {}), ("fpa", {"fpa_mode": "walk"}), ("fpa", {"fpa_mode": "free"})):
+        name = f"fpa-{kw['fpa_mode']}" if kw else att
+        if clock.left() < 30:
+            lines.append(f"| {name} | not run (time budget) | |")
+            continue
+        torch.manual_seed(0)
+        model = FPAForCausalLM(FPAConfig.from_preset("tiny", attention=att, **kw, **over)).to(device)
+        for m in model.modules():
+            if isinstance(m, FirstPassageAttention):
+                m.backend = fpa_backend
+        opt = torch.optim.AdamW(parameter_groups(model, 0.1), lr=1e-3)
+        ids = torch.randint(0, model.config.vocab_size, (batch, T), device=device)
+        times = []
+        try:
+            for i in range(steps + 2):
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                with torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda"):
+                    loss = model(input_ids=ids, labels=ids).loss
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                if i >= 2:
+                    times.append(time.perf_counter() - t0)
+            med = statistics.median(times)
+            lines.append(f"| {name} | {batch * T / med:,.0f} | {med * 1e3:.1f} |")
+        except Exception as e:  # noqa: BLE001 - reported in the table
+            lines.append(f"| {name} | failed: {type(e).__name__}: {str(e)[:100]} | |")
+            traceback.print_exc()
+    return lines + [""]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes, triton in its interpreter")
+    ap.add_argument("--model", help="a trained FPA model folder: report the tiles skipped on its fields")
+    ap.add_argument("--out", type=Path, default=None, help=f"default {DEFAULT_OUT} (dry run: gpu-dry-run.md beside it)")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--budget-s", type=float, default=420.0)
+    args = ap.parse_args(argv)
+    if args.dry_run and os.environ.get("TRITON_INTERPRET") != "1":
+        # triton reads TRITON_INTERPRET at import: run again in a fresh process with it set
+        env = dict(os.environ, TRITON_INTERPRET="1", FPA_GPU_CHECK_RECORD=os.environ.get(
+            "FPA_GPU_CHECK_RECORD", str(Path(os.devnull))))
+        return subprocess.run([sys.executable, os.path.abspath(__file__), *sys.argv[1:]], env=env).returncode
+    if not args.dry_run and not torch.cuda.is_available():
+        print("gpu_check.py needs a CUDA GPU (or --dry-run on CPU)", file=sys.stderr)
+        return 2
+    device = "cpu" if args.dry_run else "cuda"
+    out = args.out or (DEFAULT_OUT.with_name("gpu-dry-run.md") if args.dry_run else DEFAULT_OUT)
+    clock = Clock(args.budget_s)
+    dev_name = "CPU (dry run; triton in its interpreter)" if args.dry_run else torch.cuda.get_device_name()
+    import triton
+
+    from fpa.ops import gpu_verified
+
+    head = [f"# GPU check: {dev_name}", "",
+            f"torch {torch.__version__}, triton {triton.__version__}, fpa GPU sources {gpu_verified.source_hash()}. "
+            "Produced by `python benchmarks/gpu_check.py" + (" --dry-run`." if args.dry_run else "`."), ""]
+    lines, verdict = correctness(device, args.dry_run, clock)
+    print("\n".join(lines), flush=True)
+    if not args.dry_run:
+        path = gpu_verified.write_verdicts(torch.device("cuda"), verdict, "\n".join(lines))
+        lines.append(f"Recorded in `{path}`: `auto` on this GPU now picks "
+                     f"{', '.join(b for b, v in verdict.items() if v) or 'neither (chunked)'}.")
+        lines.append("")
+    lines += speed(device, args.dry_run, clock, 1 if args.dry_run else args.reps)
+    if args.model:
+        try:
+            lines += model_skips(args.model, device, clock, 256 if args.dry_run else 4096)
+        except Exception as e:  # noqa: BLE001
+            lines += [f"Model tile skipping failed: {type(e).__name__}: {e}", ""]
+    lines += training(device, args.dry_run, clock, "chunked" if args.dry_run else ("triton" if verdict["triton"] else "chunked"))
+    lines.append(f"Total {time.time() - clock.t0:.0f} s.")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(head + lines) + "\n")
+    print("\n".join(lines[-12:]))
+    print(f"wrote {out}")
+    return 0 if all(verdict.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
