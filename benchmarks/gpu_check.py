@@ -39,6 +39,7 @@ DEFAULT_OUT = ROOT / "benchmarks" / "results" / "gpu-h200.md"
 NAMES = ("q", "k", "v", "field", "level", "beta")
 TOLS = {torch.float32: (2e-5, 2e-4), torch.bfloat16: (2e-2, 5e-2)}  # (rms, max) forward; gradients 4x / 20x
 SKIP_TOL = 1e-3
+FLEX_CASES = (0, 5, 6)  # indices of the GPU correctness cases also run through flex
 
 
 class Clock:
@@ -103,10 +104,12 @@ def correctness(device: str, dry: bool, clock: Clock) -> tuple[list[str], dict[s
         ref = _run_case(kind, "reference", xs, w, grads=True)
         names = ["out"] + list(xs)
         for backend in ("triton", "flex"):
+            if backend == "flex" and not dry and i not in FLEX_CASES:
+                continue  # flex recompiles per shape (~0.5 min each): a subset keeps the check in budget
             shape = f"{B}, {Hq}, {Hkv}, {Tq}, {Tk}, {D}"
             row = f"| {backend} | {kind} | {str(dtype)[6:]} | {shape} |"
-            if clock.left() < 60:
-                lines.append(f"{row} — | — | not run (time budget) |")
+            if clock.left() < clock.budget * 0.45:  # keep more than half the budget for (b) and (c)
+                lines.append(f"{row} — | — | not run (time budget; the backend counts as not verified) |")
                 verdict[backend] = False
                 continue
             grads = not (backend == "flex" and device == "cpu")  # FlexAttention has no backward on CPU
