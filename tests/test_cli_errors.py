@@ -101,6 +101,20 @@ def test_failed_train_leaves_no_folder(tmp_path, capsys):
     assert not out.exists()
 
 
+@pytest.mark.parametrize("name, text, words", [
+    ("c.yaml", "out_dir: [unclosed", "not valid YAML"), ("c.json", "{out_dir", "not valid JSON"),
+    ("c.json", '{"out_dir": "o", "stepz": 3}', "unknown training config keys \\['stepz'\\]; valid keys"),
+    ("c.toml", "", "must end in .json, .yaml or .yml"), ("missing.json", None, "does not exist"),
+])
+def test_bad_config_files(tmp_path, capsys, name, text, words):
+    import re
+
+    if text is not None:
+        (tmp_path / name).write_text(text)
+    assert main(["train", "--config", str(tmp_path / name)]) == 2
+    assert re.search(words, err_line(capsys))
+
+
 def test_out_dir_naming_a_file(tmp_path, capsys):
     f = tmp_path / "afile"
     f.write_text("x")

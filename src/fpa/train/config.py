@@ -133,9 +133,15 @@ class TrainConfig:
                 import yaml
             except ImportError:
                 raise ValueError("YAML config files need PyYAML (pip install pyyaml); or use JSON") from None
-            d = yaml.safe_load(text)
+            try:
+                d = yaml.safe_load(text)
+            except yaml.YAMLError as e:
+                raise ValueError(f"config file {path} is not valid YAML: {' '.join(str(e).split())}") from None
         elif path.suffix == ".json":
-            d = json.loads(text)
+            try:
+                d = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"config file {path} is not valid JSON: {e}") from None
         else:
             raise ValueError(f"config file must end in .json, .yaml or .yml, got {path.name}")
         if not isinstance(d, dict):
