@@ -145,6 +145,14 @@ def test_failed_prepare_data_leaves_nothing(tmp_path, capsys):
     assert list(out.iterdir()) == []
 
 
+def test_prepare_data_corrupt_meta(tmp_path, capsys):
+    out = tmp_path / "data"
+    out.mkdir()
+    (out / "meta.json").write_text("{broken")
+    assert main(["prepare-data", "stdlib", "--out-dir", str(out), "--max-bytes", "1000"]) == 2
+    assert "corrupt meta.json" in err_line(capsys) and (out / "meta.json").read_text() == "{broken"
+
+
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
     from fpa.data import ByteTokenizer

@@ -88,7 +88,11 @@ def prepare_corpus(source, out_dir: str | Path, tokenizer: str = "byte", vocab_s
             "tokenizer": tokenizer, "vocab_size": vocab_size, "val_fraction": val_fraction,
             "seed": seed, "max_bytes": max_bytes}
     if (out / META).is_file() and not overwrite:
-        old = json.loads((out / META).read_text()).get("args")
+        try:
+            old = json.loads((out / META).read_text()).get("args")
+        except (ValueError, AttributeError) as e:  # not JSON, or not an object
+            raise ValueError(f"out_dir {out} holds a corrupt {META} ({e}); pass overwrite=True (--overwrite) "
+                             "to prepare it again") from None
         if old == args:
             return out
         raise ValueError(f"out_dir {out} already holds a corpus prepared with {old}; pass overwrite=True "
