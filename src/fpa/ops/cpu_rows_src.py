@@ -70,8 +70,11 @@ static inline T softmax_row(T* row, i64 n, i64 K) {
     row[j] = e;
     sum += e;
   }
-  const T inv = T(1) / sum;
-  for (i64 j = 0; j < n; ++j) row[j] *= inv;
+  const T inv = T(1) / sum, tiny = std::numeric_limits<T>::min();
+  for (i64 j = 0; j < n; ++j) {  // flush would-be denormals: they make the next GEMM (P v) slow
+    const T pj = row[j] * inv;
+    row[j] = pj < tiny ? T(0) : pj;
+  }
   for (i64 j = n; j < K; ++j) row[j] = 0;
   return mx + std::log(sum);
 }
