@@ -107,8 +107,8 @@ def test_gradient_checkpointing_same_gradients(att, mode):
     assert m.model.gradient_checkpointing
     m(x, labels=x).loss.backward()
     for n, p in m.named_parameters():
-        if n in ref:
-            torch.testing.assert_close(p.grad, ref[n], atol=1e-6, rtol=1e-5)
+        if n in ref:  # recomputation repeats the same float32 operations: measured difference 0
+            assert torch.equal(p.grad, ref[n]), n
 
 
 @pytest.mark.parametrize("att,mode", TYPES)
@@ -135,7 +135,8 @@ def test_output_attentions_reproduce_the_layer_output(att, mode, cached):
     v = seen["v"].view(B, T, 2, 8).transpose(1, 2).repeat_interleave(2, 1)
     o = (w @ v).transpose(1, 2).reshape(B, T, 32)
     real = mask.bool()
-    torch.testing.assert_close(o[real], seen["o"][real], atol=2e-6, rtol=0)
+    # measured worst |difference| 1.2e-7 over every type, cached or not: atol 1e-6
+    torch.testing.assert_close(o[real], seen["o"][real], atol=1e-6, rtol=0)
     assert len(out.hidden_states) == 3
     torch.testing.assert_close(out.hidden_states[-1], m.model(ids, attention_mask=mask).last_hidden_state)
 
