@@ -92,6 +92,7 @@ def test_tiny_preset_fits_the_byte_tokenizer():
     ({"qk_norm": "no"}, "qk_norm must be true or false"),
     ({"rms_norm_eps": -1}, "rms_norm_eps must be > 0"),
     ({"attention": "fox"}, "set attention with the training config's own"),
+    ({"num_attention_heads": 3}, r"hidden_size \(128\) must be divisible by num_attention_heads \(3\)"),
 ])
 def test_train_config_checks_model_overrides(over, words):
     with pytest.raises(ValueError, match=words):

@@ -109,6 +109,9 @@ class TrainConfig:
         for name, val in self.model_overrides.items():
             check_field(name, val)
         assert set(FIELDS) >= set(self.model_overrides)
+        from fpa.train.model_setup import model_config
+
+        model_config(self, 1)  # the whole model config (e.g. hidden_size % heads), before any data is read
 
     def to_dict(self) -> dict:
         return asdict(self)
