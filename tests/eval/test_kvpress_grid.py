@@ -43,3 +43,17 @@ def test_three_presses_run_through_kvpress():
         if x["compression_ratio"] == 0.0:
             assert x["examples"][0]["generated"] == ref["examples"][0]["generated"]
             assert x["correct"] == ref["correct"]
+
+
+def test_clear_error_on_a_transformers_kvpress_cannot_hook(monkeypatch):
+    """Where transformers renamed the cache kwarg (>= 5.3), an importable kvpress still cannot run."""
+    import sys
+    import types
+
+    from fpa.models.modeling_fpa import CACHE_ARG
+
+    if CACHE_ARG == "past_key_values":
+        pytest.skip("transformers < 5.3: kvpress can hook")
+    monkeypatch.setitem(sys.modules, "kvpress", types.ModuleType("kvpress"))
+    with pytest.raises(KvpressUnavailable, match="renamed 'cache'"):
+        kvpress_passkey_grid(rope_model(), ByteTokenizer(), [256], [0.5], 1, [0.5])

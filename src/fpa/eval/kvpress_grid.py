@@ -38,6 +38,16 @@ def _kvpress():
             f"kvpress cannot be imported ({type(e).__name__}: {e}); install the extra with "
             f"pip install -e '.[kvpress]' (kvpress pins transformers<5.3; installed transformers "
             f"{transformers.__version__})") from e
+    from fpa.models.modeling_fpa import CACHE_ARG
+
+    if CACHE_ARG != "past_key_values":
+        import transformers
+
+        raise KvpressUnavailable(
+            f"kvpress cannot run on transformers {transformers.__version__}: "
+            "its forward hooks read the attention call's kwargs['past_key_values'], which transformers >= 5.3 "
+            "renamed 'cache' (measured: KeyError: 'past_key_values' in kvpress/presses/base_press.py with "
+            "transformers 5.24); use an environment with pip install -e '.[kvpress]' (transformers<5.3)")
     return kvpress
 
 
