@@ -7,15 +7,19 @@ The path a long-context evaluation takes::
     policy = FPAEviction(threshold=8.0)             # or SlidingWindow(budget=256), TOVA(256), ...
     cache = FPACache(policy)
     out = generate(model, prompt_ids, cache, max_new_tokens=8, chunk_size=512)
-    # = prefill(model, prompt_ids[:, :-1], cache, 512), then
-    #   model.generate(prompt_ids, past_key_values=cache, max_new_tokens=8, do_sample=False)
+    # = model.generate(prompt_ids, past_key_values=cache, prefill_chunk_size=512,
+    #                  max_new_tokens=8, do_sample=False)   (transformers >= 5.3: cache=cache)
     policy.kept_fraction                            # keys held / keys seen (also cache.kept_fraction())
     cache.bytes_held()                              # bytes actually allocated
     cache.bytes_live()                              # bytes of the kept keys alone
 
-``model.generate(ids, past_key_values=cache)`` (transformers 5.x also accepts ``cache=cache``)
-continues from whatever the cache holds: it feeds the tokens of ``ids`` the cache has not seen,
-so prefill all but the last prompt token before calling it (as ``generate`` above does).
+FPACache is a transformers ``Cache`` (one ``LayerCache`` per layer). ``model.generate`` starts
+one by itself; given one, it continues from whatever the cache holds (it feeds the tokens the
+cache has not seen). ``attention_mask`` padding is stored as padding slots (no key, no walk step,
+no decay), so batched prompts of different lengths decode as each would alone, under any policy.
+Without ``prefill_chunk_size`` the prompt is one forward call and the policy runs once after it.
+Without a policy the cache can be cropped (assisted and prompt-lookup decoding) and keeps the
+field history (B, Hq, T) float32 of FPA/FoX layers for that, counted in ``bytes_held``.
 
 The policy runs after every forward call (each prefill chunk, each decode step), so a prompt
 prefilled in chunks never holds more than budget + chunk keys per head (keys held; the allocated
