@@ -21,6 +21,8 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
+from fpa.ops import cpu_kernels
+
 
 class ChunkBias(Protocol):
     """Additive bias for one query chunk, with its gradient."""
@@ -42,6 +44,11 @@ class ChunkBias(Protocol):
     def rows_backward(self, S: Tensor, dP: Tensor, lse: Tensor, delta: Tensor, r0: int, r1: int, scale: float,
                       want: bool) -> None:
         """S -> P and dP (raw dO.v) -> dS in place; with want, accumulate the bias's own gradients."""
+        ...
+
+    def whole(self, q5: Tensor, k: Tensor, v: Tensor, out: Tensor, dout: Tensor | None, lse: Tensor,
+              delta: Tensor | None, grads: tuple | None, chunk: int, scale: float, want: bool) -> None:
+        """The whole op in C++ (fpa.ops.cpu_kernels.*_whole): forward when dout is None, else backward."""
         ...
 
 
@@ -138,9 +145,12 @@ def _fused_forward(q5: Tensor, k: Tensor, v: Tensor, scale: float, bias: ChunkBi
     B, Hkv, G, Tq, D = q5.shape
     Tk, Dv = k.shape[2], v.shape[3]
     P, BH = Tk - Tq, B * Hkv * G
-    k3, v3 = _flat(k, D), _flat(v, Dv)
     out = q5.new_empty(B, Hkv, G, Tq, Dv)
     lse = q5.new_empty(BH, Tq)
+    if cpu_kernels.whole_usable(B * Hkv):  # one parallel region for the whole op, GEMMs per (batch, kv head)
+        bias.whole(q5.contiguous(), k.contiguous(), v.contiguous(), out, None, lse, None, None, chunk, scale, False)
+        return out, lse.view(B, Hkv, G, Tq)
+    k3, v3 = _flat(k, D), _flat(v, Dv)
     buf = q5.new_empty(BH * min(chunk, Tq) * Tk)
     for r0 in range(0, Tq, chunk):
         r1 = min(r0 + chunk, Tq)
@@ -158,9 +168,14 @@ def _fused_backward(q5: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, 
     B, Hkv, G, Tq, D = q5.shape
     Tk, Dv = k.shape[2], v.shape[3]
     P, BH = Tk - Tq, B * Hkv * G
-    k3, v3 = _flat(k, D), _flat(v, Dv)
     delta = (dout * out).sum(dim=-1).reshape(BH, Tq)
     lse2 = lse.reshape(BH, Tq).contiguous()
+    if cpu_kernels.whole_usable(B * Hkv):
+        dq, dk, dv = q5.new_empty(q5.shape), k.new_zeros(k.shape), v.new_zeros(v.shape)
+        bias.whole(q5.contiguous(), k.contiguous(), v.contiguous(), None, dout.contiguous(), lse2, delta, (dq, dk, dv),
+                   chunk, scale, want)
+        return dq, dk, dv
+    k3, v3 = _flat(k, D), _flat(v, Dv)
     dq = q5.new_empty(B, Hkv, G, Tq, D)
     dk = q5.new_zeros(B * Hkv, Tk, D)
     dv = q5.new_zeros(B * Hkv, Tk, Dv)

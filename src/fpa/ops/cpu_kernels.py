@@ -38,6 +38,10 @@ _reason: str | None = None
 _I64, _P, _D = ctypes.c_int64, ctypes.c_void_p, ctypes.c_double
 _FPA_ARGS = [_P, _P, _P, _P, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _I64, _I64, _D, ctypes.c_int, _P, _P, _P]
 _FOX_ARGS = [_P, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _I64, _D, ctypes.c_int, _P]
+_WHOLE = [_P] * 10 + [_I64] * 6 + [_D]
+_FPA_WHOLE = _WHOLE + [_P, _P, _P, _P, _I64, _I64, ctypes.c_int, _P, _P, _P]
+_FOX_WHOLE = _WHOLE + [_P, _I64, ctypes.c_int, _P]
+_whole_ok = False  # the whole-op driver (GEMMs through MKL's sgemm_/dgemm_ from libtorch_cpu) is usable
 
 
 def _cpu_key() -> str:
@@ -75,7 +79,44 @@ def _build() -> ctypes.CDLL:
         getattr(lib, name).argtypes, getattr(lib, name).restype = _FPA_ARGS, None
     for name in ("fox_fwd_f32", "fox_bwd_f32", "fox_fwd_f64", "fox_bwd_f64"):
         getattr(lib, name).argtypes, getattr(lib, name).restype = _FOX_ARGS, None
+    for kind, args in (("fpa", _FPA_WHOLE), ("fox", _FOX_WHOLE)):
+        for d in ("fwd", "bwd"):
+            for t in ("f32", "f64"):
+                getattr(lib, f"{kind}_whole_{d}_{t}").argtypes = args
+    lib.set_gemm.argtypes = [_P, _P, _P]
+    _link_gemm(lib)
     return lib
+
+
+def _link_gemm(lib: ctypes.CDLL) -> None:
+    """Hand the kernels MKL's sgemm_/dgemm_ (exported by torch's CPU library), then check them on a
+    small product; on any failure only the per-chunk path (GEMMs through torch) is used."""
+    global _whole_ok
+    try:
+        tl = ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"))
+        ptr = lambda name: ctypes.cast(getattr(tl, name), ctypes.c_void_p).value  # noqa: E731
+        # the C interface (by value); in this build the lowercase symbol is the Fortran one (by pointer)
+        threads_local = ptr("MKL_Set_Num_Threads_Local") if hasattr(tl, "MKL_Set_Num_Threads_Local") else None
+        lib.set_gemm(ptr("sgemm_"), ptr("dgemm_"), threads_local)
+        _whole_ok = True
+        for dt in (torch.float32, torch.float64):
+            if not _gemm_self_test(lib, dt):
+                raise RuntimeError(f"sgemm_/dgemm_ self-test failed for {dt}")
+    except Exception as e:  # noqa: BLE001 - no MKL in this torch build, or an ILP64 one
+        _whole_ok = False
+        warnings.warn(f"fpa: whole-op CPU kernel off, per-chunk kernels only ({e})", stacklevel=3)
+
+
+def _gemm_self_test(lib: ctypes.CDLL, dt: torch.dtype) -> bool:
+    """FoX attention through the whole-op driver against plain torch math, 2 heads x 5 positions."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 1, 2, 5, 3, generator=g, dtype=dt) for _ in range(3))
+    k, v = k[:, :, 0], v[:, :, 0]
+    cum = torch.zeros(2, 5, dtype=dt)
+    out, lse = torch.empty(1, 1, 2, 5, 3, dtype=dt), torch.empty(2, 5, dtype=dt)
+    fox_whole(q, k, v, out, None, lse, None, None, None, None, cum, 2, 0.5, lib=lib)
+    s = (q[0, 0] @ k[0, 0].T) * 0.5 + torch.full((5, 5), float("-inf"), dtype=dt).triu(1)
+    return bool(torch.allclose(out[0, 0], torch.softmax(s, -1) @ v[0, 0], atol=1e-5))
 
 
 def library() -> ctypes.CDLL | None:
@@ -96,6 +137,12 @@ def library() -> ctypes.CDLL | None:
 
 def reason() -> str | None:
     return _reason
+
+
+def whole_usable(B_kv: int) -> bool:
+    """True when the whole-op driver should run: GEMMs linked and at least one (batch, kv head) per thread
+    (it parallelizes over those; with fewer, the per-chunk path's multithreaded GEMMs do better)."""
+    return library() is not None and _whole_ok and B_kv >= torch.get_num_threads()
 
 
 def usable(*xs: Tensor) -> bool:
@@ -137,3 +184,29 @@ def fox_rows(S: Tensor, dP: Tensor | None, lse: Tensor, delta: Tensor | None, cu
     fn = getattr(lib, f"fox_{'fwd' if dP is None else 'bwd'}_{_suffix(S)}")
     fn(_ptr(S), _ptr(dP), _ptr(lse), _ptr(delta), _ptr(cum), BH, Tq, Tk - Tq, r0, r1, float(scale),
        int(dcum is not None), _ptr(dcum))
+
+
+def _whole_common(q, k, v, out, dout, lse, delta, dq, dk, dv, chunk: int, scale: float) -> list:
+    """Shared arguments: q (B, Hkv, G, Tq, D), k (B, Hkv, Tk, D), v (B, Hkv, Tk, Dv), out/dout
+    (B, Hkv, G, Tq, Dv), lse/delta (B*Hq, Tq), dq/dk/dv like q/k/v; all contiguous."""
+    B, Hkv, G, Tq, D = q.shape
+    return [_ptr(x) for x in (q, k, v, out, dout, lse, delta, dq, dk, dv)] + [B * Hkv, G, Tq, D, v.shape[-1], chunk,
+                                                                             float(scale)]
+
+
+def fpa_whole(q, k, v, out, dout, lse, delta, dq, dk, dv, field: Tensor, past_min: Tensor, level: Tensor,
+              beta: Tensor, chunk: int, scale: float, grads: tuple[Tensor, Tensor, Tensor] | None = None) -> None:
+    """The whole FPA op in C++ (forward when dout is None, else backward); field/past_min/level as
+    in fpa_rows, grads = (dvirtual, dlevel, dbeta) accumulated when given."""
+    dv_, dl, db = grads if grads is not None else (None, None, None)
+    fn = getattr(library(), f"fpa_whole_{'fwd' if dout is None else 'bwd'}_{_suffix(q)}")
+    fn(*_whole_common(q, k, v, out, dout, lse, delta, dq, dk, dv, chunk, scale), _ptr(field), _ptr(past_min),
+       _ptr(level), _ptr(beta), beta.shape[0], past_min.shape[1], int(grads is not None), _ptr(dv_), _ptr(dl), _ptr(db))
+
+
+def fox_whole(q, k, v, out, dout, lse, delta, dq, dk, dv, cum: Tensor, chunk: int, scale: float,
+              dcum: Tensor | None = None, lib: ctypes.CDLL | None = None) -> None:
+    """The whole FoX op in C++; cum (B*Hq, Tk), dcum likewise (accumulated when given)."""
+    fn = getattr(lib or library(), f"fox_whole_{'fwd' if dout is None else 'bwd'}_{_suffix(q)}")
+    fn(*_whole_common(q, k, v, out, dout, lse, delta, dq, dk, dv, chunk, scale), _ptr(cum),
+       cum.shape[1] - q.shape[3], int(dcum is not None), _ptr(dcum))

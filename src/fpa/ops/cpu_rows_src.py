@@ -1,20 +1,22 @@
-"""C++ source of the fused row kernels of the chunked CPU engine (built by fpa.ops.cpu_kernels).
+"""C++ source of the fused CPU kernels of the chunked engine (built by fpa.ops.cpu_kernels).
 
 Kept as a Python string so that it ships with the package without package-data settings.
 
-One call handles one query chunk [r0, r1) of every (batch, query head) row block bh. The GEMMs
-(q k^T, P v, ...) stay in torch (MKL/oneDNN); these kernels do everything elementwise between them,
-in one pass per score row that stays in L1/L2:
+Per (row block bh = b * Hq + h, query chunk [r0, r1)), one pass per score row that stays in L1/L2:
 
-  forward:  S (BH, c, K) raw scores q.k  ->  normalized probabilities P (in place), lse (BH, Tq)
-  backward: S, dP = dO.v (BH, c, K)     ->  P and dS = P * (dP - delta) (in place), and the
-            bias gradients (FPA: field/past_min via the argmin routing, level, beta; FoX: cum).
+  forward:  S (c, K) raw scores q.k  ->  normalized probabilities P (in place), lse
+  backward: S, dP = dO.v (c, K)      ->  P and dS = P * (dP - delta) (in place), and the bias
+            gradients (FPA: field/past_min via the argmin routing, level, beta; FoX: cum).
 
-Columns past the causal limit are written as 0. Row blocks bh = b * Hq + h run in parallel
-(OpenMP, torch's runtime); each owns its accumulators, so there are no races.
-FPA bias: beta * min(0, M(i, j) - level_j), M = min of the field over (j, i] (FPA.md section 5):
-min(A_j, Pc_i) for keys before the chunk, an incrementally updated local minimum inside it.
-FoX bias: cum_i - cum_j.
+Columns past the causal limit are written as 0. FPA bias: beta * min(0, M(i, j) - level_j),
+M = min of the field over (j, i] (FPA.md section 5): min(A_j, Pc_i) for keys before the chunk,
+an incrementally updated local minimum inside it. FoX bias: cum_i - cum_j.
+
+Two drivers. ``*_fwd/_bwd``: one chunk of every row block, the GEMMs done by torch between calls.
+``*_whole_fwd/_bwd``: the whole op in one OpenMP region over (batch, kv head), every chunk's GEMMs
+through MKL's sgemm_/dgemm_ (pointers handed over by set_gemm), so a chunk's scores stay in
+cache and a busy machine costs one barrier, not hundreds. Each parallel unit owns its
+accumulators (dk, dv of its kv head; the bias gradients of its rows), so there are no races.
 """
 
 SOURCE = r"""
@@ -43,11 +45,13 @@ static inline float fexp(float x) {
   float s = __builtin_bit_cast(float, e);
   return x < lo ? 0.0f : p * s;
 }
-static inline double fexp(double x) { return std::exp(x); }
 
+static inline double fexp(double x) { return std::exp(x); }
 // Softmax tail of a forward row whose first n = p + 1 entries hold the biased scores.
 // max of x[0:n] in 16 lanes (a plain max reduction does not vectorize without -ffinite-math-only)
+
 template <typename T>
+
 static inline T row_max(const T* x, i64 n) {
   const T NEG = -std::numeric_limits<T>::infinity();
   T m[16];
@@ -62,6 +66,7 @@ static inline T row_max(const T* x, i64 n) {
 }
 
 template <typename T>
+
 static inline T softmax_row(T* row, i64 n, i64 K) {
   const T mx = row_max(row, n);
   T sum = 0;
@@ -79,193 +84,347 @@ static inline T softmax_row(T* row, i64 n, i64 K) {
   return mx + std::log(sum);
 }
 
+template <typename T>
+
+struct FpaArgs {  // FPA bias of row blocks bh = b * Hq + h
+  const T *field, *past_min, *level, *beta;  // (BH, Tq), (BH, P), (BH, Tk), (Hq,)
+  i64 Hq, Tq, P;
+  int want;
+  T *dvirt, *dlevel;  // (BH, Tq + P), (BH, Tk)
+  double* dbeta;      // (BH,)
+};
+
+template <typename T>
+
+struct FoxArgs {  // FoX bias: cum (BH, Tk); dcum likewise
+  const T* cum;
+  i64 Tq, P;
+  int want;
+  T* dcum;
+};
+
+template <typename T>
+
+struct Scratch {
+  std::vector<T> A, Ml, dA, gl, S, dP;
+  std::vector<i64> As, Mls;
+};
+
+// One row block bh, query chunk [r0, r1): S (c, K) raw q.k -> P (forward, lse written), or
+// S, dP -> P, dS with the bias gradients (backward). lse, delta: this block's (Tq,) rows.
+
 template <typename T, bool BWD>
-static void fpa_chunk(T* S, T* dP, T* lse, const T* delta, const T* field, const T* past_min,
-                      const T* level, const T* beta, i64 BH, i64 Hq, i64 Tq, i64 P, i64 r0, i64 r1,
-                      double scale_d, int want, T* dvirt, T* dlevel, double* dbeta) {
-  const i64 c = r1 - r0, K = P + r1, nb = P + r0, Tk = P + Tq;
+
+static void fpa_block(T* S, T* dP, T* lse, const T* delta, const FpaArgs<T>& a, i64 bh, i64 r0, i64 r1,
+                      T scale, Scratch<T>& sc) {
+  const i64 Tq = a.Tq, P = a.P, c = r1 - r0, K = P + r1, nb = P + r0, Tk = P + Tq;
   const T INF = std::numeric_limits<T>::infinity();
+  sc.A.resize(nb + 1); sc.dA.resize(nb + 1); sc.As.resize(nb + 1);
+  sc.Ml.resize(c + 1); sc.gl.resize(c + 1); sc.Mls.resize(c + 1);
+  T *A = sc.A.data(), *dA = sc.dA.data(), *Ml = sc.Ml.data(), *gl = sc.gl.data();
+  i64 *As = sc.As.data(), *Mls = sc.Mls.data();
+  const T* f = a.field + bh * Tq;
+  const T* pm = a.past_min + bh * P;
+  const T* lv = a.level + bh * Tk;
+  const T b = a.beta[bh % a.Hq];
+  const int want = BWD && a.want;
+  T* dlv = want ? a.dlevel + bh * Tk : nullptr;
+  T* dvt = want ? a.dvirt + bh * (Tq + P) : nullptr;
+  // A_j: min of the field over (j, nb - 1], past_min folded in; As: its index in [field | past_min].
+  // Tie rules (stated in first_passage_attention's docstring): earliest position here, past_min
+  // over the field, Pc over A, and the latest position for Pc and the local minima.
+  T m = INF;
+  i64 ms = 0;
+  for (i64 j = nb - 1; j >= P; --j) {
+    A[j] = m;
+    As[j] = ms;
+    const T x = f[j - P];
+    if (x <= m) { m = x; ms = j - P; }  // ties: the earliest position
+  }
+  for (i64 j = 0; j < P; ++j) {
+    const T x = pm[j];
+    if (x <= m) { A[j] = x; As[j] = Tq + j; } else { A[j] = m; As[j] = ms; }
+  }
+  if (want)
+    for (i64 j = 0; j < nb; ++j) dA[j] = 0;
+  T pc = INF;  // min of the field over [r0, r]
+  i64 pcs = 0;
+  double dbacc = 0;
+  const T* lvl = lv + nb;
+  for (i64 i = 0; i < c; ++i) {
+    const i64 r = r0 + i, p = P + r;
+    const T x = f[r];
+    if (x <= pc) { pc = x; pcs = r; }
+    for (i64 jl = 0; jl < i; ++jl) {  // local minima over (j, p]
+      if (x <= Ml[jl]) { Ml[jl] = x; Mls[jl] = r; }
+    }
+    Ml[i] = INF;
+    Mls[i] = r;
+    T* row = S + i * K;
+    if (!BWD) {
+#pragma GCC ivdep  // the arrays are disjoint: no alias checks (more than 10 stop the vectorizer)
+      for (i64 j = 0; j < nb; ++j) {
+        const T mm = A[j] < pc ? A[j] : pc;
+        const T d = mm - lv[j];
+        row[j] = row[j] * scale + b * (d < 0 ? d : T(0));
+      }
+#pragma GCC ivdep  // the arrays are disjoint: no alias checks (more than 10 stop the vectorizer)
+      for (i64 jl = 0; jl <= i; ++jl) {
+        const T d = Ml[jl] - lvl[jl];
+        row[nb + jl] = row[nb + jl] * scale + b * (d < 0 ? d : T(0));
+      }
+      lse[r] = softmax_row(row, p + 1, K);
+      continue;
+    }
+    T* drow = dP + i * K;
+    const T L = lse[r], dl = delta[r];
+    if (!want) {
+#pragma GCC ivdep  // the arrays are disjoint: no alias checks (more than 10 stop the vectorizer)
+      for (i64 j = 0; j < nb; ++j) {
+        const T mm = A[j] < pc ? A[j] : pc;
+        const T d = mm - lv[j];
+        const T pr = fexp(row[j] * scale + b * (d < 0 ? d : T(0)) - L);
+        row[j] = pr;
+        drow[j] = pr * (drow[j] - dl);
+      }
+#pragma GCC ivdep  // the arrays are disjoint: no alias checks (more than 10 stop the vectorizer)
+      for (i64 jl = 0; jl <= i; ++jl) {
+        const T d = Ml[jl] - lvl[jl];
+        const T pr = fexp(row[nb + jl] * scale + b * (d < 0 ? d : T(0)) - L);
+        row[nb + jl] = pr;
+        drow[nb + jl] = pr * (drow[nb + jl] - dl);
+      }
+    } else {
+      T dpc = 0, dbrow = 0;
+      {
+        T* rw = row;
+        T* dr = drow;
+        T* dlw = dlv;
+        T* dAw = dA;
+        const T* Aw = A;
+        const T* lw = lv;
+#pragma GCC ivdep  // the arrays are disjoint: no alias checks (more than 10 stop the vectorizer)
+        for (i64 j = 0; j < nb; ++j) {
+          const T aj = Aw[j];
+          const T mm = aj < pc ? aj : pc;
+          const T d = mm - lw[j];
+          const T nd = d < 0 ? d : T(0);
+          const T pr = fexp(rw[j] * scale + b * nd - L);
+          const T ds = pr * (dr[j] - dl);
+          rw[j] = pr;
+          dr[j] = ds;
+          dbrow += ds * nd;
+          const T g = d < 0 ? ds * b : T(0);
+          dlw[j] -= g;
+          const T ga = aj < pc ? g : T(0);
+          dAw[j] += ga;
+          dpc += g - ga;
+        }
+      }
+      {
+        T* rw = row + nb;
+        T* dr = drow + nb;
+        T* dlw = dlv + nb;
+        T* gw = gl;
+        const T* Mw = Ml;
+        const T* lw = lvl;
+#pragma GCC ivdep  // the arrays are disjoint: no alias checks (more than 10 stop the vectorizer)
+        for (i64 jl = 0; jl <= i; ++jl) {
+          const T d = Mw[jl] - lw[jl];
+          const T nd = d < 0 ? d : T(0);
+          const T pr = fexp(rw[jl] * scale + b * nd - L);
+          const T ds = pr * (dr[jl] - dl);
+          rw[jl] = pr;
+          dr[jl] = ds;
+          dbrow += ds * nd;
+          const T g = d < 0 ? ds * b : T(0);
+          dlw[jl] -= g;
+          gw[jl] = g;
+        }
+      }
+      for (i64 jl = 0; jl < i; ++jl)
+        if (gl[jl] != 0) dvt[Mls[jl]] += gl[jl];
+      dvt[pcs] += dpc;
+      dbacc += dbrow;
+    }
+    for (i64 j = p + 1; j < K; ++j) { row[j] = 0; drow[j] = 0; }
+  }
+  if (want) {
+    for (i64 j = 0; j < nb; ++j)
+      if (dA[j] != 0) dvt[As[j]] += dA[j];
+    a.dbeta[bh] += dbacc;
+  }
+}
+
+template <typename T, bool BWD>
+
+static void fox_block(T* S, T* dP, T* lse, const T* delta, const FoxArgs<T>& a, i64 bh, i64 r0, i64 r1,
+                      T scale, Scratch<T>&) {
+  const i64 P = a.P, c = r1 - r0, K = P + r1, Tk = P + a.Tq;
+  const T* cm = a.cum + bh * Tk;
+  T* dc = BWD && a.want ? a.dcum + bh * Tk : nullptr;
+  for (i64 i = 0; i < c; ++i) {
+    const i64 r = r0 + i, p = P + r;
+    const T cp = cm[p];
+    T* row = S + i * K;
+    if (!BWD) {
+#pragma GCC ivdep  // the arrays are disjoint: no alias checks (more than 10 stop the vectorizer)
+      for (i64 j = 0; j <= p; ++j) row[j] = row[j] * scale + (cp - cm[j]);
+      lse[r] = softmax_row(row, p + 1, K);
+      continue;
+    }
+    T* drow = dP + i * K;
+    const T L = lse[r], dl = delta[r];
+    if (!dc) {
+#pragma GCC ivdep  // the arrays are disjoint: no alias checks (more than 10 stop the vectorizer)
+      for (i64 j = 0; j <= p; ++j) {
+        const T pr = fexp(row[j] * scale + (cp - cm[j]) - L);
+        row[j] = pr;
+        drow[j] = pr * (drow[j] - dl);
+      }
+    } else {
+      T acc = 0;
+#pragma GCC ivdep  // the arrays are disjoint: no alias checks (more than 10 stop the vectorizer)
+      for (i64 j = 0; j <= p; ++j) {
+        const T pr = fexp(row[j] * scale + (cp - cm[j]) - L);
+        const T ds = pr * (drow[j] - dl);
+        row[j] = pr;
+        drow[j] = ds;
+        dc[j] -= ds;
+        acc += ds;
+      }
+      dc[p] += acc;
+    }
+    for (i64 j = p + 1; j < K; ++j) { row[j] = 0; drow[j] = 0; }
+  }
+}
+
+// One chunk of every row block (GEMMs done by torch): S, dP (BH, c, K); lse, delta (BH, Tq).
+
+template <typename T, bool BWD, typename Args, typename Block>
+
+static void rows_all(T* S, T* dP, T* lse, const T* delta, const Args& a, i64 BH, i64 Tq, i64 r0, i64 r1,
+                     double scale, Block block) {
+  const i64 cK = (r1 - r0) * (a.P + r1);
+#pragma omp parallel
+  {
+    Scratch<T> sc;
+#pragma omp for schedule(dynamic, 1)
+    for (i64 bh = 0; bh < BH; ++bh)
+      block(S + bh * cK, BWD ? dP + bh * cK : nullptr, lse + bh * Tq, BWD ? delta + bh * Tq : nullptr, a, bh, r0,
+            r1, (T)scale, sc);
+  }
+}
+
+// ---- whole op in C++: per (batch, kv head), every chunk, GEMMs through MKL's sgemm_/dgemm_ ----
+
+typedef void (*sgemm_t)(const char*, const char*, const int*, const int*, const int*, const float*, const float*,
+                        const int*, const float*, const int*, const float*, float*, const int*);
+
+typedef void (*dgemm_t)(const char*, const char*, const int*, const int*, const int*, const double*, const double*,
+                        const int*, const double*, const int*, const double*, double*, const int*);
+typedef int (*threads_local_t)(int);
+static sgemm_t g_sgemm = nullptr;
+static dgemm_t g_dgemm = nullptr;
+static threads_local_t g_threads_local = nullptr;
+
+extern "C" void set_gemm(void* s, void* d, void* tl) {
+  g_sgemm = (sgemm_t)s; g_dgemm = (dgemm_t)d; g_threads_local = (threads_local_t)tl;
+}
+
+// Row-major C (M, N) = alpha op(A) op(B) + beta C; lda/ldb/ldc are row strides.
+
+static void gemm(char ta, char tb, i64 M, i64 N, i64 K, float alpha, const float* A, i64 lda, const float* B,
+                 i64 ldb, float beta, float* C, i64 ldc) {
+  int m = (int)M, n = (int)N, k = (int)K, la = (int)lda, lb = (int)ldb, lc = (int)ldc;
+  g_sgemm(&tb, &ta, &n, &m, &k, &alpha, B, &lb, A, &la, &beta, C, &lc);
+}
+
+static void gemm(char ta, char tb, i64 M, i64 N, i64 K, double alpha, const double* A, i64 lda, const double* B,
+                 i64 ldb, double beta, double* C, i64 ldc) {
+  int m = (int)M, n = (int)N, k = (int)K, la = (int)lda, lb = (int)ldb, lc = (int)ldc;
+  g_dgemm(&tb, &ta, &n, &m, &k, &alpha, B, &lb, A, &la, &beta, C, &lc);
+}
+
+// q (B*Hkv, G, Tq, D), k (B*Hkv, Tk, D), v (B*Hkv, Tk, Dv), out / dout (B*Hkv, G, Tq, Dv), all contiguous;
+// lse, delta (B*Hkv*G, Tq). Backward: dq like q, dk like k, dv like v (zeroed by the caller).
+
+template <typename T, bool BWD, typename Args, typename Block>
+
+static void whole(const T* q, const T* k, const T* v, T* out, const T* dout, T* lse, const T* delta, T* dq, T* dk,
+                  T* dv, const Args& a, i64 BKV, i64 G, i64 Tq, i64 D, i64 Dv, i64 chunk, double scale_d, Block block) {
+  const i64 P = a.P, Tk = P + Tq;
   const T scale = (T)scale_d;
 #pragma omp parallel
   {
-    std::vector<T> A(nb + 1), Ml(c + 1), dA(nb + 1), gl(c + 1);
-    std::vector<i64> As(nb + 1), Mls(c + 1);
+    const int prev = g_threads_local ? g_threads_local(1) : 0;  // one GEMM thread inside this region
+    Scratch<T> sc;
+    sc.S.resize(chunk * Tk);
+    if (BWD) sc.dP.resize(chunk * Tk);
 #pragma omp for schedule(dynamic, 1)
-    for (i64 bh = 0; bh < BH; ++bh) {
-      const T* f = field + bh * Tq;
-      const T* pm = past_min + bh * P;
-      const T* lv = level + bh * Tk;
-      const T b = beta[bh % Hq];
-      T* dlv = want ? dlevel + bh * Tk : nullptr;
-      T* dvt = want ? dvirt + bh * (Tq + P) : nullptr;
-      // A_j: min of the field over (j, nb - 1], past_min folded in; As: its index in [field | past_min].
-      // Tie rules (stated in first_passage_attention's docstring): earliest position here, past_min
-      // over the field, Pc over A, and the latest position for Pc and the local minima.
-      T m = INF;
-      i64 ms = 0;
-      for (i64 j = nb - 1; j >= P; --j) {
-        A[j] = m;
-        As[j] = ms;
-        const T x = f[j - P];
-        if (x <= m) { m = x; ms = j - P; }  // ties: the earliest position
-      }
-      for (i64 j = 0; j < P; ++j) {
-        const T x = pm[j];
-        if (x <= m) { A[j] = x; As[j] = Tq + j; } else { A[j] = m; As[j] = ms; }
-      }
-      if (BWD && want)
-        for (i64 j = 0; j < nb; ++j) dA[j] = 0;
-      T pc = INF;  // min of the field over [r0, r]
-      i64 pcs = 0;
-      double dbacc = 0;
-      const T* Ab = A.data();
-      T* dAb = dA.data();
-      T* Mlb = Ml.data();
-      const T* lvl = lv + nb;
-      for (i64 i = 0; i < c; ++i) {
-        const i64 r = r0 + i, p = P + r;
-        const T x = f[r];
-        if (x <= pc) { pc = x; pcs = r; }
-        for (i64 jl = 0; jl < i; ++jl) {  // local minima over (j, p]
-          if (x <= Ml[jl]) { Ml[jl] = x; Mls[jl] = r; }
+    for (i64 bk = 0; bk < BKV; ++bk) {
+      const T* kp = k + bk * Tk * D;
+      const T* vp = v + bk * Tk * Dv;
+      for (i64 g = 0; g < G; ++g) {
+        const i64 bh = bk * G + g;
+        const T* qh = q + bh * Tq * D;
+        for (i64 r0 = 0; r0 < Tq; r0 += chunk) {
+          const i64 r1 = r0 + chunk < Tq ? r0 + chunk : Tq, c = r1 - r0, K = P + r1;
+          T* S = sc.S.data();
+          const T* qc = qh + r0 * D;
+          gemm('N', 'T', c, K, D, T(1), qc, D, kp, D, T(0), S, K);
+          if (!BWD) {
+            block(S, nullptr, lse + bh * Tq, nullptr, a, bh, r0, r1, scale, sc);
+            gemm('N', 'N', c, Dv, K, T(1), S, K, vp, Dv, T(0), out + (bh * Tq + r0) * Dv, Dv);
+            continue;
+          }
+          T* dPb = sc.dP.data();
+          const T* doc = dout + (bh * Tq + r0) * Dv;
+          gemm('N', 'T', c, K, Dv, T(1), doc, Dv, vp, Dv, T(0), dPb, K);
+          block(S, dPb, lse + bh * Tq, delta + bh * Tq, a, bh, r0, r1, scale, sc);
+          gemm('T', 'N', K, Dv, c, T(1), S, K, doc, Dv, T(1), dv + bk * Tk * Dv, Dv);
+          gemm('N', 'N', c, D, K, scale, dPb, K, kp, D, T(0), dq + (bh * Tq + r0) * D, D);
+          gemm('T', 'N', K, D, c, scale, dPb, K, qc, D, T(1), dk + bk * Tk * D, D);
         }
-        Ml[i] = INF;
-        Mls[i] = r;
-        T* row = S + (bh * c + i) * K;
-        if (!BWD) {
-          for (i64 j = 0; j < nb; ++j) {
-            const T mm = Ab[j] < pc ? Ab[j] : pc;
-            const T d = mm - lv[j];
-            row[j] = row[j] * scale + b * (d < 0 ? d : T(0));
-          }
-          for (i64 jl = 0; jl <= i; ++jl) {
-            const T d = Mlb[jl] - lvl[jl];
-            row[nb + jl] = row[nb + jl] * scale + b * (d < 0 ? d : T(0));
-          }
-          lse[bh * Tq + r] = softmax_row(row, p + 1, K);
-          continue;
-        }
-        T* drow = dP + (bh * c + i) * K;
-        const T L = lse[bh * Tq + r], dl = delta[bh * Tq + r];
-        if (!want) {
-          for (i64 j = 0; j < nb; ++j) {
-            const T mm = Ab[j] < pc ? Ab[j] : pc;
-            const T d = mm - lv[j];
-            const T pr = fexp(row[j] * scale + b * (d < 0 ? d : T(0)) - L);
-            row[j] = pr;
-            drow[j] = pr * (drow[j] - dl);
-          }
-          for (i64 jl = 0; jl <= i; ++jl) {
-            const T d = Mlb[jl] - lvl[jl];
-            const T pr = fexp(row[nb + jl] * scale + b * (d < 0 ? d : T(0)) - L);
-            row[nb + jl] = pr;
-            drow[nb + jl] = pr * (drow[nb + jl] - dl);
-          }
-        } else {
-          T dpc = 0, dbrow = 0;
-          for (i64 j = 0; j < nb; ++j) {
-            const bool toA = Ab[j] < pc;
-            const T mm = toA ? Ab[j] : pc;
-            const T d = mm - lv[j];
-            const T nd = d < 0 ? d : T(0);
-            const T pr = fexp(row[j] * scale + b * nd - L);
-            const T ds = pr * (drow[j] - dl);
-            row[j] = pr;
-            drow[j] = ds;
-            dbrow += ds * nd;
-            const T g = d < 0 ? ds * b : T(0);
-            dlv[j] -= g;
-            const T ga = toA ? g : T(0);
-            dAb[j] += ga;
-            dpc += g - ga;
-          }
-          T* glb = gl.data();
-          T* dlvl = dlv + nb;
-          for (i64 jl = 0; jl <= i; ++jl) {
-            const T d = Mlb[jl] - lvl[jl];
-            const T nd = d < 0 ? d : T(0);
-            const T pr = fexp(row[nb + jl] * scale + b * nd - L);
-            const T ds = pr * (drow[nb + jl] - dl);
-            row[nb + jl] = pr;
-            drow[nb + jl] = ds;
-            dbrow += ds * nd;
-            const T g = d < 0 ? ds * b : T(0);
-            dlvl[jl] -= g;
-            glb[jl] = g;
-          }
-          for (i64 jl = 0; jl < i; ++jl)
-            if (glb[jl] != 0) dvt[Mls[jl]] += glb[jl];
-          dvt[pcs] += dpc;
-          dbacc += dbrow;
-        }
-        for (i64 j = p + 1; j < K; ++j) { row[j] = 0; drow[j] = 0; }
-      }
-      if (BWD && want) {
-        for (i64 j = 0; j < nb; ++j)
-          if (dA[j] != 0) dvt[As[j]] += dA[j];
-        dbeta[bh] += dbacc;
       }
     }
+    if (g_threads_local) g_threads_local(prev);
   }
 }
 
-template <typename T, bool BWD>
-static void fox_chunk(T* S, T* dP, T* lse, const T* delta, const T* cum, i64 BH, i64 Tq, i64 P,
-                      i64 r0, i64 r1, double scale_d, int want, T* dcum) {
-  const i64 c = r1 - r0, K = P + r1, Tk = P + Tq;
-  const T scale = (T)scale_d;
-#pragma omp parallel for schedule(dynamic, 1)
-  for (i64 bh = 0; bh < BH; ++bh) {
-    const T* cm = cum + bh * Tk;
-    T* dc = want ? dcum + bh * Tk : nullptr;
-    for (i64 i = 0; i < c; ++i) {
-      const i64 r = r0 + i, p = P + r;
-      const T cp = cm[p];
-      T* row = S + (bh * c + i) * K;
-      if (!BWD) {
-        for (i64 j = 0; j <= p; ++j) row[j] = row[j] * scale + (cp - cm[j]);
-        lse[bh * Tq + r] = softmax_row(row, p + 1, K);
-        continue;
-      }
-      T* drow = dP + (bh * c + i) * K;
-      const T L = lse[bh * Tq + r], dl = delta[bh * Tq + r];
-      if (!want) {
-        for (i64 j = 0; j <= p; ++j) {
-          const T pr = fexp(row[j] * scale + (cp - cm[j]) - L);
-          row[j] = pr;
-          drow[j] = pr * (drow[j] - dl);
-        }
-      } else {
-        T acc = 0;
-        for (i64 j = 0; j <= p; ++j) {
-          const T pr = fexp(row[j] * scale + (cp - cm[j]) - L);
-          const T ds = pr * (drow[j] - dl);
-          row[j] = pr;
-          drow[j] = ds;
-          dc[j] -= ds;
-          acc += ds;
-        }
-        dc[p] += acc;
-      }
-      for (i64 j = p + 1; j < K; ++j) { row[j] = 0; drow[j] = 0; }
-    }
+#define FPA_ARGS(T)                                                                                    \
+  FpaArgs<T> a{(const T*)field, (const T*)past_min, (const T*)level, (const T*)beta, Hq, Tq, P, want, (T*)dvirt, \
+               (T*)dlevel, dbeta}
+#define FPA_ENTRY(NAME, T, BWD)                                                                        \
+  extern "C" void NAME(void* S, void* dP, void* lse, const void* delta, const void* field,            \
+                       const void* past_min, const void* level, const void* beta, i64 BH, i64 Hq,       \
+                       i64 Tq, i64 P, i64 r0, i64 r1, double scale, int want, void* dvirt,               \
+                       void* dlevel, double* dbeta) {                                                  \
+    FPA_ARGS(T);                                                                                       \
+    rows_all<T, BWD>((T*)S, (T*)dP, (T*)lse, (const T*)delta, a, BH, Tq, r0, r1, scale, fpa_block<T, BWD>); \
   }
-}
-
-#define FPA_ENTRY(NAME, T, BWD)                                                                  \
-  extern "C" void NAME(void* S, void* dP, void* lse, const void* delta, const void* field,      \
-                       const void* past_min, const void* level, const void* beta, i64 BH, i64 Hq, \
-                       i64 Tq, i64 P, i64 r0, i64 r1, double scale, int want, void* dvirt,         \
-                       void* dlevel, double* dbeta) {                                            \
-    fpa_chunk<T, BWD>((T*)S, (T*)dP, (T*)lse, (const T*)delta, (const T*)field,                 \
-                      (const T*)past_min, (const T*)level, (const T*)beta, BH, Hq, Tq, P, r0, r1, \
-                      scale, want, (T*)dvirt, (T*)dlevel, dbeta);                                \
+#define FOX_ENTRY(NAME, T, BWD)                                                                         \
+  extern "C" void NAME(void* S, void* dP, void* lse, const void* delta, const void* cum, i64 BH,       \
+                       i64 Tq, i64 P, i64 r0, i64 r1, double scale, int want, void* dcum) {             \
+    FoxArgs<T> a{(const T*)cum, Tq, P, want, (T*)dcum};                                                 \
+    rows_all<T, BWD>((T*)S, (T*)dP, (T*)lse, (const T*)delta, a, BH, Tq, r0, r1, scale, fox_block<T, BWD>); \
   }
-#define FOX_ENTRY(NAME, T, BWD)                                                                   \
-  extern "C" void NAME(void* S, void* dP, void* lse, const void* delta, const void* cum, i64 BH, \
-                       i64 Tq, i64 P, i64 r0, i64 r1, double scale, int want, void* dcum) {       \
-    fox_chunk<T, BWD>((T*)S, (T*)dP, (T*)lse, (const T*)delta, (const T*)cum, BH, Tq, P, r0, r1, \
-                      scale, want, (T*)dcum);                                                    \
+#define WHOLE_PARAMS                                                                                    \
+  const void *q, const void *k, const void *v, void *out, const void *dout, void *lse, const void *delta, \
+      void *dq, void *dk, void *dv, i64 BKV, i64 G, i64 Tq, i64 D, i64 Dv, i64 chunk, double scale
+#define WHOLE_CALL(T, BWD, BLOCK)                                                                       \
+  whole<T, BWD>((const T*)q, (const T*)k, (const T*)v, (T*)out, (const T*)dout, (T*)lse, (const T*)delta, \
+                (T*)dq, (T*)dk, (T*)dv, a, BKV, G, Tq, D, Dv, chunk, scale, BLOCK<T, BWD>)
+#define FPA_WHOLE(NAME, T, BWD)                                                                         \
+  extern "C" void NAME(WHOLE_PARAMS, const void* field, const void* past_min, const void* level,       \
+                       const void* beta, i64 Hq, i64 P, int want, void* dvirt, void* dlevel, double* dbeta) { \
+    FPA_ARGS(T);                                                                                        \
+    WHOLE_CALL(T, BWD, fpa_block);                                                                      \
+  }
+#define FOX_WHOLE(NAME, T, BWD)                                                                         \
+  extern "C" void NAME(WHOLE_PARAMS, const void* cum, i64 P, int want, void* dcum) {                   \
+    FoxArgs<T> a{(const T*)cum, Tq, P, want, (T*)dcum};                                                 \
+    WHOLE_CALL(T, BWD, fox_block);                                                                      \
   }
 FPA_ENTRY(fpa_fwd_f32, float, false)
 FPA_ENTRY(fpa_bwd_f32, float, true)
@@ -275,4 +434,12 @@ FOX_ENTRY(fox_fwd_f32, float, false)
 FOX_ENTRY(fox_bwd_f32, float, true)
 FOX_ENTRY(fox_fwd_f64, double, false)
 FOX_ENTRY(fox_bwd_f64, double, true)
+FPA_WHOLE(fpa_whole_fwd_f32, float, false)
+FPA_WHOLE(fpa_whole_bwd_f32, float, true)
+FPA_WHOLE(fpa_whole_fwd_f64, double, false)
+FPA_WHOLE(fpa_whole_bwd_f64, double, true)
+FOX_WHOLE(fox_whole_fwd_f32, float, false)
+FOX_WHOLE(fox_whole_bwd_f32, float, true)
+FOX_WHOLE(fox_whole_fwd_f64, double, false)
+FOX_WHOLE(fox_whole_bwd_f64, double, true)
 """

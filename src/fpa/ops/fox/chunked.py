@@ -27,6 +27,12 @@ class _FoXChunkBias:
     def rows_forward(self, S: Tensor, lse: Tensor, r0: int, r1: int, scale: float) -> None:
         cpu_kernels.fox_rows(S, None, lse, None, self.cum_rows, self.Tq, r0, r1, scale)
 
+    def whole(self, q5: Tensor, k: Tensor, v: Tensor, out: Tensor | None, dout: Tensor | None, lse: Tensor,
+              delta: Tensor | None, grads: tuple | None, chunk: int, scale: float, want: bool) -> None:
+        dq, dk, dv = grads if grads is not None else (None, None, None)
+        dcum = self.dcum.view(-1, self.dcum.shape[-1]) if want else None
+        cpu_kernels.fox_whole(q5, k, v, out, dout, lse, delta, dq, dk, dv, self.cum_rows, chunk, scale, dcum)
+
     def rows_backward(self, S: Tensor, dP: Tensor, lse: Tensor, delta: Tensor, r0: int, r1: int, scale: float,
                       want: bool) -> None:
         dcum = self.dcum.view(-1, self.dcum.shape[-1]) if want else None

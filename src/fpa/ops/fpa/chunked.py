@@ -55,6 +55,14 @@ class _FPAChunkBias:
             grads = (self.dvirtual.view(lv.shape[0], -1), self.dlevel.view(lv.shape), self.dbeta_bh)
         cpu_kernels.fpa_rows(S, dP, lse, delta, f, pm, lv, self.beta_h, self.beta_h.shape[0], r0, r1, scale, grads)
 
+    def whole(self, q5: Tensor, k: Tensor, v: Tensor, out: Tensor | None, dout: Tensor | None, lse: Tensor,
+              delta: Tensor | None, grads: tuple | None, chunk: int, scale: float, want: bool) -> None:
+        f, pm, lv = self.rows
+        dq, dk, dv = grads if grads is not None else (None, None, None)
+        bias_grads = (self.dvirtual.view(lv.shape[0], -1), self.dlevel.view(lv.shape), self.dbeta_bh) if want else None
+        cpu_kernels.fpa_whole(q5, k, v, out, dout, lse, delta, dq, dk, dv, f, pm, lv, self.beta_h, chunk, scale,
+                              bias_grads)
+
     def finish_grads(self) -> None:
         """Fold the fused path's per-(batch, head) beta gradient into dbeta (1, Hkv, G, 1, 1)."""
         if self.fused:
