@@ -22,6 +22,9 @@ DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
 # rounding. Measured worst over 3000 examples (every backend): float64 0.91, float32 0.81,
 # bfloat16 0.32, float16 0.32. Bounds: 10x the measured figure, rounded down.
 FWD_EPS = {torch.float64: 9.0, torch.float32: 8.0, torch.bfloat16: 3.2, torch.float16: 3.2}
+# float64 gradients vs the reference, max |err| / max(max|ref|, 1): measured worst over 3000
+# examples 8.9e-16; bound 10x.
+GRAD_F64 = 9e-15
 SPECIAL = ("normal", "normal", "normal", "ties", "tiny", "huge", "edge", "nan", "inf", "-inf")
 ARG_NAMES = ("q", "k", "v", "field", "level", "past_min", "beta", "log_fgate", "scale", "chunk_size")
 
@@ -110,6 +113,15 @@ def check_fpa_case(c: dict) -> None:
         grads = torch.autograd.grad(out.float().sum(), leaves, allow_unused=True)
         for name, gr in zip(("q", "k", "v", "field", "level"), grads):
             assert gr is None or torch.isfinite(gr).all() or not moderate, f"NaN/inf gradient of {name}"
+        ties = any(c["kinds"][n] == "ties" for n in ("field", "level"))  # field gradient: a per-backend rule
+        if dt == torch.float64 and moderate and not ties:
+            ref_leaves = [t.detach().clone().requires_grad_(True) for t in leaves]
+            ref = first_passage_attention(*ref_leaves, **{**kw, "backend": "reference", "chunk_size": None})
+            ref_grads = torch.autograd.grad(ref.sum(), ref_leaves, allow_unused=True)
+            for name, gr, rg in zip(("q", "k", "v", "field", "level"), grads, ref_grads):
+                if gr is not None and rg is not None and gr.numel():
+                    err = (gr - rg).abs().max().item() / max(rg.abs().max().item(), 1.0)
+                    assert err <= GRAD_F64, f"{c['backend']} d{name}: error {err:.3e} > {GRAD_F64}"
 
 
 @st.composite
