@@ -17,7 +17,7 @@ from torch import Tensor
 from fpa.ops import cpu_kernels
 from fpa.ops.chunked_attention import chunked_backward, chunked_forward
 
-DEFAULT_CHUNK = 128
+DEFAULT_CHUNK = 64
 
 
 class _FPAChunkBias:
