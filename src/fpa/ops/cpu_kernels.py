@@ -26,7 +26,10 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from fpa.ops.cpu_rows_src import SOURCE
+from fpa.ops.cpu_rows_src import SOURCE as _ROWS
+from fpa.ops.cpu_whole_src import SOURCE as _WHOLE
+
+SOURCE = _ROWS + _WHOLE
 
 # -ffast-math lets the sums vectorize; -fno-finite-math-only keeps inf (empty minima) exact.
 FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-ffast-math", "-fno-finite-math-only",
