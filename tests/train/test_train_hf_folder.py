@@ -36,6 +36,12 @@ def test_trained_folder_loads_everywhere(tiny_cfg):
     card = open(f"{folder}/README.md").read()
     assert "held-out loss" in card and f"{summary['val_loss']:.4f}" in card and "| steps | 4 |" in card
     assert "Passkey retrieval" in card
+    from fpa.models.card import write_model_card
+
+    write_model_card(folder, passkey={"1x": 0.9, "8x": 0.25})  # figures known later: rewritten card
+    card2 = open(f"{folder}/README.md").read()
+    assert "| 1x | 90% |" in card2 and "| 8x | 25% |" in card2 and f"{summary['val_loss']:.4f}" in card2
+    assert card2.count("| parameters |") == 1
     tok = AutoTokenizer.from_pretrained(folder)
     assert tok("def f")["input_ids"] == load_tokenizer(folder).encode("def f")
     model = AutoModelForCausalLM.from_pretrained(folder)

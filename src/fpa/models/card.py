@@ -62,6 +62,10 @@ def write_model_card(folder: str | Path, config=None, training: dict | None = No
         from fpa.models import FPAConfig
 
         config = FPAConfig.from_pretrained(folder)
+    if n_parameters is None:
+        from fpa.models import count_parameters
+
+        n_parameters = count_parameters(config)
     if training is None and (folder / "training.json").is_file():
         training = json.loads((folder / "training.json").read_text()).get("summary")
     path = folder / CARD_FILE
