@@ -71,6 +71,16 @@ def test_every_flag_has_help_and_choices(command):
                 assert a.choices and FIXED_CHOICES[command, flag] in a.choices, f"fpa {command} {flag}: no choices"
 
 
+def test_every_train_setting_has_its_own_help():
+    from dataclasses import fields
+
+    from fpa.train import TrainConfig
+    from fpa.train.cli import _SPECIAL, HELP
+
+    missing = [f.name for f in fields(TrainConfig) if f.name not in _SPECIAL and f.name not in HELP]
+    assert not missing, f"add help text for these TrainConfig fields to fpa.train.cli.HELP: {missing}"
+
+
 def test_usage_error_is_one_line(capsys):
     assert main(["bogus"]) == 2
     assert "invalid choice" in err_line(capsys)

@@ -42,6 +42,8 @@ HELP = {
     "parallel": "multi-process strategy under torchrun",
     "mix_task": "task whose samples are mixed into training (fpa.tasks.TASK_MIXERS)",
     "mix_rate": "fraction of sequences replaced by --mix-task samples, in [0, 1]",
+    "live_reg": "weight of the live-fraction regularizer (fpa.train.regularizers; 0: off; FPA models only)",
+    "live_reg_tau": "eviction threshold whose soft kept fraction the live-fraction regularizer penalises",
 }
 
 
@@ -92,7 +94,7 @@ def _train_flags(p: argparse.ArgumentParser) -> None:
         if f.name in ("vocab_size", "max_bytes"):
             kind = int
         p.add_argument("--" + f.name.replace("_", "-"), type=kind, default=None, choices=_choices(f.name),
-                       help=f"{HELP[f.name]} (default {default!r})")
+                       help=f"{HELP.get(f.name, f'TrainConfig.{f.name}')} (default {default!r})")
 
 
 def _run_train(args: argparse.Namespace) -> int:
