@@ -53,23 +53,29 @@ def test_model_graph_breaks_are_outside_attention():
         assert not inside, f"graph break inside the attention code: {br.reason[:200]} at {inside}"
 
 
-def _train(model: torch.nn.Module, step_fn, batches: list[torch.Tensor]) -> list[float]:
+def _train(model: torch.nn.Module, batches: list[torch.Tensor]) -> tuple[list[float], list[torch.Tensor]]:
+    """AdamW steps over parameter_groups; -> the losses and the gradients of the FIRST step."""
     from fpa.train import parameter_groups
 
     opt = torch.optim.AdamW(parameter_groups(model, 0.0), lr=1e-2)
     for g in opt.param_groups:
         g["lr"] = 1e-2 * g["lr_multiplier"]
-    losses = []
+    losses, first = [], []
     for ids in batches:
-        loss = step_fn(ids)
+        loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
+        if not first:
+            first = [p.grad.clone() for p in model.parameters()]
         opt.step()
         opt.zero_grad(set_to_none=True)
         losses.append(loss.item())
-    return losses
+    return losses, first
 
 
-def _compiled_training_matches_eager(backend: str, att: str, kw: dict, layers: int, T: int) -> None:
+def _compiled_training_matches_eager(backend: str, att: str, kw: dict, layers: int, T: int, tol: float) -> None:
+    """Equal loss and gradients at the first step (same parameters), then no recompilation over the
+    next steps and losses that stay with eager's (Adam turns rounding-level gradient differences of
+    near-zero gradients into lr-sized parameter differences, so later parameters are not compared)."""
     dynamo.reset()
     torch.manual_seed(0)
     cfg = FPAConfig.from_preset("tiny", attention=att, num_hidden_layers=layers, **kw)
@@ -77,24 +83,25 @@ def _compiled_training_matches_eager(backend: str, att: str, kw: dict, layers: i
     comp = FPAForCausalLM(cfg)
     comp.load_state_dict(eager.state_dict())
     batches = [torch.randint(0, cfg.vocab_size, (2, T)) for _ in range(3)]
-    want = _train(eager, lambda i: eager(input_ids=i, labels=i).loss, batches)
+    want, want_g = _train(eager, batches)
     # Each decoder block compiled whole (the model's own input-id value check, outside the blocks,
     # is a host sync: compiling the whole model breaks the graph there and recompiles per value).
     for block in comp.model.layers:
         block.compile(fullgraph=True, backend=backend, dynamic=False)
     with dynamo.config.patch(error_on_recompile=True):
-        got = _train(comp, lambda i: comp(input_ids=i, labels=i).loss, batches)
-    assert got == pytest.approx(want, rel=1e-4, abs=1e-5)
-    for (n, a), b in zip(eager.named_parameters(), comp.parameters()):
-        assert torch.allclose(a, b, rtol=1e-4, atol=1e-5), f"{n}: {(a - b).abs().max():.2e}"
+        got, got_g = _train(comp, batches)
+    assert got[0] == pytest.approx(want[0], rel=tol, abs=tol)
+    for (n, _), a, b in zip(eager.named_parameters(), got_g, want_g):
+        assert torch.allclose(a, b, rtol=100 * tol, atol=tol * b.abs().max().item()), f"d{n}: {(a - b).abs().max():.2e}"
+    assert got == pytest.approx(want, rel=100 * tol)
 
 
 @pytest.mark.parametrize("att, kw", TYPES, ids=IDS)
 def test_compiled_model_training_matches_eager(att, kw):
-    _compiled_training_matches_eager("aot_eager", att, kw, layers=2, T=40)
+    _compiled_training_matches_eager("aot_eager", att, kw, layers=2, T=40, tol=1e-6)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("att, kw", TYPES, ids=IDS)
 def test_inductor_model_training_matches_eager(att, kw):
-    _compiled_training_matches_eager("inductor", att, kw, layers=2, T=64)
+    _compiled_training_matches_eager("inductor", att, kw, layers=2, T=64, tol=1e-5)
