@@ -1,5 +1,9 @@
 """GPU benchmark: FPA (triton, skipping off and on; flex) vs FoX vs SDPA flash, forward+backward, bf16.
 
+Superseded by benchmarks/gpu_check.py (issue 15), which also checks flex, FoX-as-FPA and T up to 4k,
+times FoX through the same triton kernel, adds a training line, and records the verdicts that let
+``backend="auto"`` pick triton/flex on that GPU (fpa.ops.gpu_verified). Kept for its flex/fla rows.
+
 One command, meant to finish within 8 minutes on one H200:
 
     python benchmarks/bench_gpu.py                 # T = 2k..32k, writes benchmarks/results/gpu-h200.md
