@@ -42,7 +42,7 @@ LABELS = {
     "fpa_chunked_torchops": "FPA chunked, torch ops", "fox_chunked_torchops": "FoX chunked, torch ops",
     "fpa_reference": "FPA reference (dense)", "fox_dense_sdpa": "FoX dense-mask SDPA",
 }
-MAX_T = {"fpa_chunked_torchops": 2048, "fox_chunked_torchops": 2048, "fpa_reference": 1024, "fox_dense_sdpa": 2048}
+MAX_T = {"fpa_chunked_torchops": 1024, "fox_chunked_torchops": 1024, "fpa_reference": 1024, "fox_dense_sdpa": 2048}
 TARGETS = [(2048, "fox_chunked", 1.1), (4096, "fox_chunked", 1.1), (2048, "sdpa_causal", 2.0), (4096, "sdpa_causal", 2.0)]
 
 
