@@ -348,12 +348,16 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or (DEFAULT_OUT.with_name("gpu-dry-run.md") if args.dry_run else DEFAULT_OUT)
     clock = Clock(args.budget_s)
     dev_name = "CPU (dry run; triton in its interpreter)" if args.dry_run else torch.cuda.get_device_name()
-    import triton
+    try:
+        import triton
 
+        triton_version = triton.__version__
+    except ImportError:  # the triton rows then fail and are reported as such
+        triton_version = "not installed"
     from fpa.ops import gpu_verified
 
     head = [f"# GPU check: {dev_name}", "",
-            f"torch {torch.__version__}, triton {triton.__version__}, fpa GPU sources {gpu_verified.source_hash()}. "
+            f"torch {torch.__version__}, triton {triton_version}, fpa GPU sources {gpu_verified.source_hash()}. "
             "Produced by `python benchmarks/gpu_check.py" + (" --dry-run`." if args.dry_run else "`."), ""]
     lines, verdict = correctness(device, args.dry_run, clock)
     print("\n".join(lines), flush=True)
