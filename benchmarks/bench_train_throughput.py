@@ -11,7 +11,8 @@ median per-repetition ratio to FoX (eager to eager, compiled to compiled).
 
 Compiled: every decoder block ``block.compile(fullgraph=True, dynamic=False)`` (inductor); the
 model's embedding, input-id check and loss stay eager. Compilation happens in the warm-up step
-(its time is reported separately). ``--no-compile`` skips the compiled columns.
+(its time is reported separately); the timed steps run with error_on_recompile, so a
+recompilation across steps would stop the benchmark. ``--no-compile`` skips the compiled columns.
 ``--train-steps N`` adds an end-to-end run through ``fpa.train.train`` per type (real data).
 """
 
@@ -58,6 +59,10 @@ def make_step(model: torch.nn.Module):
 
 
 def step_benchmark(name: str, batch: int, seq_len: int, overrides: dict, reps: int, compiled: bool) -> list[str]:
+    # Every (type, shape) is its own graph of the shared block code: a fresh cache per shape, a limit
+    # above the number of types; the timed steps then run with error_on_recompile.
+    torch._dynamo.reset()
+    torch._dynamo.config.recompile_limit = 4 * len(METHODS)
     steps, params, warm = {}, {}, {}
     for att, kw in METHODS:
         for comp in (False, True) if compiled else (False,):
@@ -73,9 +78,10 @@ def step_benchmark(name: str, batch: int, seq_len: int, overrides: dict, reps: i
     for key, step in steps.items():
         warm[key] = step(ids)  # compiles
     times: dict = {k: [] for k in steps}
-    for _ in range(reps):
-        for key, step in steps.items():
-            times[key].append(step(ids))
+    with torch._dynamo.config.patch(error_on_recompile=True):  # no recompilation across steps
+        for _ in range(reps):
+            for key, step in steps.items():
+                times[key].append(step(ids))
     lines = [
         f"## {name}: batch {batch} x {seq_len}" + (f", {overrides}" if overrides else ""), "",
         f"Median of {reps} steps after the warm-up step [min, max]; ratio = median of per-repetition ratios to FoX.",
