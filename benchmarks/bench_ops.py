@@ -178,7 +178,10 @@ def main() -> None:
     p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "ops-cpu.md"))
     p.add_argument("--no-mem", action="store_true", help="skip the memory subprocesses")
     p.add_argument("--_mem-child", nargs=2, metavar=("T", "METHOD"), help=argparse.SUPPRESS)
+    p.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: the default)")
     args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if args._mem_child:
         _mem_child(int(args._mem_child[0]), args._mem_child[1])
         return

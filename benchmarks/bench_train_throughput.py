@@ -148,7 +148,10 @@ def main() -> None:
     ap.add_argument("--train-steps", type=int, default=0, help="steps per type through fpa.train.train (0 skips)")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                                                   "train-throughput-cpu.md"))
+    ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: the default)")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     load0 = "/".join(f"{x:.2f}" for x in os.getloadavg())
     body: list[str] = []
     for name in args.shapes:
