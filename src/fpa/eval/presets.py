@@ -13,11 +13,17 @@ METHODS = (
     ("softmax-alibi", "softmax_alibi", "free"),
 )
 
-# Ablations (name, attention, fpa_mode, model overrides): FPA without its field learning-rate
-# multiplier (the field heads and beta at the full learning rate), run on ``ablation_seeds``.
+# Ablations and variants, on ``ablation_seeds``: (name, attention, fpa_mode, model overrides,
+# training overrides, cache curves?). The -lr1 ablations train FPA's field heads and beta at the
+# full learning rate (no multiplier). The other variants try to push FPA's own eviction rule below
+# its floor (one global head per layer keeps every key live): a stronger initial penalty, a
+# learned level offset per head in walk mode, and a regulariser on the soft live fraction.
 ABLATIONS = (
-    ("fpa-walk-lr1", "fpa", "walk", {"fpa_field_lr_multiplier": 1.0}),
-    ("fpa-free-lr1", "fpa", "free", {"fpa_field_lr_multiplier": 1.0}),
+    ("fpa-walk-lr1", "fpa", "walk", {"fpa_field_lr_multiplier": 1.0}, {}, False),
+    ("fpa-free-lr1", "fpa", "free", {"fpa_field_lr_multiplier": 1.0}, {}, False),
+    ("fpa-walk-beta2", "fpa", "walk", {"fpa_beta_init": 2.0}, {}, True),
+    ("fpa-walk-offset", "fpa", "walk", {"fpa_level_offset": True}, {}, True),
+    ("fpa-walk-livereg", "fpa", "walk", {}, {"live_reg": 0.1, "live_reg_tau": 16.0}, True),
 )
 
 

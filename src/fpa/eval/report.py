@@ -98,6 +98,62 @@ def kvpress_table(results: dict) -> str:
     return "\n".join(rows)
 
 
+def _seed_entry(method: dict, seed: int) -> dict | None:
+    return next((s for s in method["seeds"] if s["seed"] == seed), None)
+
+
+def _lossless_one(points: list[dict], full: dict, k: str) -> dict | None:
+    """Smallest-kept point of one seed's curve with the full cache's accuracy at k x."""
+    ok = [p for p in points if abs(p["accuracy_by_multiple"][k] - full["accuracy_by_multiple"][k]) < 1e-9]
+    return min(ok, key=lambda p: p["kept_fraction"]) if ok else None
+
+
+def below_floor_table(results: dict) -> str:
+    """The own rule of FPA walk and of each variant that tries to push it below its floor, on the
+    variants' seeds: loss against FoX, full-cache accuracy, and the smallest lossless kept fraction."""
+    ms, L = results["methods"], results["train_len"]
+    variants = [n for n, m in ms.items() if m.get("ablation") and m["attention"] == "fpa" and m["cache_curve"]]
+    if "fpa-walk" not in ms or not variants:
+        return "(no variant in this run)"
+    mults = [str(m) for m in results["preset"]["cache_multiples"]]
+    rows = ["| model | seed | held-out loss vs FoX | " + " | ".join(
+        f"{k}x full | {k}x own rule: smallest lossless kept (tau)" for k in mults) + " |",
+        "|" + "---|" * (3 + 2 * len(mults))]
+    for seed in sorted({s["seed"] for v in variants for s in ms[v]["seeds"]}):
+        fox = _seed_entry(ms["fox"], seed) if "fox" in ms else None
+        for name in ["fpa-walk"] + variants:
+            e = _seed_entry(ms[name], seed)
+            if e is None or "fpa" not in e["cache_curve"]:
+                continue
+            vs = "-" if fox is None else f"{100 * (e['loss']['loss'] / fox['loss']['loss'] - 1):+.2f}%"
+            cells = []
+            for k in mults:
+                full = e["cache_curve"]["full"][0]
+                best = _lossless_one(e["cache_curve"]["fpa"], full, k)
+                cells += [_pct(full["accuracy_by_multiple"][k]),
+                          "none" if best is None else f"{100 * best['kept_fraction']:.1f}% (tau={best['setting']:g})"]
+            rows.append(f"| {name} | {seed} | {vs} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def hybrid_table(results: dict) -> str:
+    """Per model with hybrids: the smallest kept fraction each hybrid reaches without loss on every seed."""
+    rows = ["| model | policy | smallest lossless kept (setting) at " + " | at ".join(
+        f"{m}x" for m in results["preset"]["cache_multiples"]) + " |",
+        "|---|---|" + "---|" * len(results["preset"]["cache_multiples"])]
+    for name, m in results["methods"].items():
+        for policy in m["cache_curve"]:
+            if policy == "full":
+                continue
+            cells = []
+            for k in [str(x) for x in results["preset"]["cache_multiples"]]:
+                best = lossless_point(m, policy, k)
+                cells.append("none" if best is None else
+                             f"{100 * best['kept_fraction']:.1f}% ({best['setting']:g})")
+            rows.append(f"| {name} | {policy} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
 def ablation_table(results: dict) -> str:
     L, ms = results["train_len"], results["methods"]
     pairs = [(n[:-len("-lr1")], n) for n in ms if n.endswith("-lr1") and n[:-len("-lr1")] in ms]
@@ -206,7 +262,7 @@ def _figures(results: dict, out: Path) -> dict[str, str]:
         plots.plot_heatmap(m["passkey"], L, f"{n}: passkey accuracy, full cache (mean of {m['passkey']['n_seeds']} seeds)",
                            out / f"passkey-{n}.png")
         figs[f"Passkey heatmap, {n}"] = f"passkey-{n}.png"
-    curves = {n: m["cache_curve"] for n, m in ms.items() if m["cache_curve"]}
+    curves = {n: m["cache_curve"] for n, m in ms.items() if m["cache_curve"] and not m.get("ablation")}
     for k in results["preset"]["cache_multiples"]:
         if curves:
             plots.plot_cache_curves(curves, str(k), out / f"kept-{k}x.png",
@@ -238,6 +294,9 @@ def write_report(results: dict, out_dir: str | Path) -> None:
           "## Verdicts (the paper's claims at this scale)", "", *results["verdicts"], "",
           "## Loss and passkey, full cache (mean [min-max] over seeds)", "", passkey_table(results), "",
           "## Passkey against kept fraction (mean [min-max] over seeds)", "", curve_table(results), "",
+          "## Smallest lossless kept fraction per policy (accuracy equal to the full cache on every seed)", "",
+          hybrid_table(results), "",
+          "## Below the rule's floor: variants of FPA walk trained to forget more", "", below_floor_table(results), "",
           "## kvpress presses (through kvpress itself, on the model exported to LlamaForCausalLM)", "",
           kvpress_table(results), "",
           "## Ablation: FPA's field learning-rate multiplier", "", ablation_table(results), "",

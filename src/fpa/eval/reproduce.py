@@ -44,11 +44,12 @@ def runs_of(p: ReproducePreset, methods: tuple[str, ...] | None, seeds: tuple[in
     runs = []
     for name, attention, mode in METHODS:
         if methods is None or name in methods:
-            runs += [dict(name=name, attention=attention, mode=mode, overrides={}, seed=s, ablation=False)
-                     for s in seeds]
-    for name, attention, mode, over in ABLATIONS:
+            runs += [dict(name=name, attention=attention, mode=mode, overrides={}, train_overrides={}, seed=s,
+                          ablation=False, curves=True) for s in seeds]
+    for name, attention, mode, over, train_over, curves in ABLATIONS:
         if methods is None or name in methods:
-            runs += [dict(name=name, attention=attention, mode=mode, overrides=over, seed=s, ablation=True)
+            runs += [dict(name=name, attention=attention, mode=mode, overrides=over, train_overrides=train_over,
+                          seed=s, ablation=True, curves=curves)
                      for s in p.ablation_seeds if methods is not None or s in seeds]
     return sorted(runs, key=lambda r: (r["ablation"], r["seed"]))  # seed by seed: the first seed is the control
 
@@ -66,7 +67,7 @@ def _train_config(p: ReproducePreset, out: Path, data_dir: Path, run: dict, prog
         batch_size=p.batch_size, grad_accum=p.grad_accum, steps=p.steps, lr=p.lr, warmup_steps=p.warmup_steps,
         seed=run["seed"], ckpt_every=max(1, p.steps // 4), eval_every=p.eval_every or p.steps,
         log_every=max(1, p.steps // 20), device=p.device, mix_task="passkey", mix_rate=p.mix_rate,
-        progress=progress, tokenizer=p.tokenizer)
+        progress=progress, tokenizer=p.tokenizer, **run.get("train_overrides", {}))
 
 
 def train_stage(cfg_dict: dict) -> dict:
@@ -143,9 +144,9 @@ def curve_policies(p: ReproducePreset, run: dict) -> list[str]:
     budget) on the preset's ``budget_methods``."""
     from fpa.eval.kv import BUDGET_POLICIES, THRESHOLD_POLICIES, hybrids_for
 
-    if run["ablation"]:
-        return []
     own = [THRESHOLD_POLICIES[run["attention"]]] if run["attention"] in THRESHOLD_POLICIES else []
+    if run["ablation"]:
+        return ["full"] + own if run["curves"] and own else []
     chosen = run["name"] in p.budget_methods
     budget = list(BUDGET_POLICIES) if chosen else []
     hybrid = hybrids_for(run["attention"]) if chosen and p.hybrid_fractions else []
@@ -187,6 +188,22 @@ def reproduce(p: ReproducePreset, out_dir: str | Path, progress: bool = True,
     quiet = progress and jobs == 1
     train_tasks = [(f"train-{run_id(r)}", train_stage,
                     (_train_config(p, out / "models" / run_id(r), data_dir, r, quiet).to_dict(),)) for r in runs]
+    p_dict = p.to_dict()
+    kvpress_missing = kvpress_available() if any(r["name"] in p.kvpress_methods for r in runs) else "no method"
+
+    def eval_tasks_of(r: dict, model_dir: str) -> list:
+        rid, args = run_id(r), (p_dict, model_dir, str(data_dir))
+        tasks = [(f"loss-{rid}", eval_stage, ("loss", *args)), (f"passkey-{rid}", eval_stage, ("passkey", *args))]
+        tasks += [(f"curve-{rid}-{pol}", eval_stage, ("curve", *args, pol)) for pol in curve_policies(p, r)]
+        if kvpress_missing is None and r["name"] in p.kvpress_methods and not r["ablation"]:
+            tasks.append((f"kvpress-{rid}", eval_stage, ("kvpress", *args)))
+        return tasks
+
+    if _is_main() and stop_after is None and jobs > 1:
+        # evaluate the models trained earlier while the others train: no worker waits for a phase to end
+        ready = [r for r in runs if stages.done(f"train-{run_id(r)}")]
+        early = [t for r in ready for t in eval_tasks_of(r, stages.run(f"train-{run_id(r)}", dict)["model_dir"])]
+        run_tasks(stages, [t for t in train_tasks if not stages.done(t[0])] + early, jobs, progress, desc="train+eval")
     trained = run_tasks(stages, train_tasks, jobs, progress, desc="train")
     if not _is_main() or stop_after == "train":
         return {}
@@ -194,20 +211,8 @@ def reproduce(p: ReproducePreset, out_dir: str | Path, progress: bool = True,
     from fpa.eval.example import passkey_example
     from fpa.eval.report import write_report
 
-    p_dict = p.to_dict()
-    eval_tasks = []
-    for r in runs:
-        model_dir, rid = trained[f"train-{run_id(r)}"]["model_dir"], run_id(r)
-        eval_tasks += [(f"loss-{rid}", eval_stage, ("loss", p_dict, model_dir, str(data_dir))),
-                       (f"passkey-{rid}", eval_stage, ("passkey", p_dict, model_dir, str(data_dir)))]
-        eval_tasks += [(f"curve-{rid}-{pol}", eval_stage, ("curve", p_dict, model_dir, str(data_dir), pol))
-                       for pol in curve_policies(p, r)]
-    kvpress_missing = kvpress_available() if any(r["name"] in p.kvpress_methods for r in runs) else "no method"
-    if kvpress_missing is None:
-        eval_tasks += [(f"kvpress-{run_id(r)}", eval_stage, ("kvpress", p_dict, trained[f"train-{run_id(r)}"]["model_dir"],
-                                                             str(data_dir))) for r in runs
-                       if r["name"] in p.kvpress_methods and not r["ablation"]]
-    else:
+    eval_tasks = [t for r in runs for t in eval_tasks_of(r, trained[f"train-{run_id(r)}"]["model_dir"])]
+    if kvpress_missing is not None:
         log(f"kvpress stages skipped ({kvpress_missing}); rerun under an environment with the kvpress extra to add them")
     evaluated = run_tasks(stages, eval_tasks, jobs, progress, desc="evaluate")
     for r in runs:  # kvpress results of an earlier run under another environment

@@ -54,6 +54,8 @@ class TrainConfig:
     progress: bool = True
     verify_data: bool = True  # sha256 of every shard at start (one read of the data); False for huge corpora
     tensorboard: bool = False
+    live_reg: float = 0.0  # weight of fpa.train.regularizers.LiveFractionRegularizer (0 = off; FPA models only)
+    live_reg_tau: float = 16.0  # the eviction threshold whose soft kept fraction it penalises
 
     def __post_init__(self) -> None:
         self.out_dir = str(self.out_dir)
@@ -68,6 +70,13 @@ class TrainConfig:
             val = getattr(self, name)
             if not isinstance(val, int) or val < 0:
                 raise ValueError(f"{name} must be a non-negative int, got {val!r}")
+        for name in ("live_reg", "live_reg_tau"):
+            val = getattr(self, name)
+            if isinstance(val, bool) or not isinstance(val, (int, float)) or val < 0 or (name == "live_reg_tau" and val == 0):
+                raise ValueError(f"{name} must be a {'positive' if name == 'live_reg_tau' else 'non-negative'} "
+                                 f"number, got {val!r}")
+        if self.live_reg > 0 and self.attention != "fpa":
+            raise ValueError(f"live_reg needs attention='fpa' (it regularises FPA's penalties), got {self.attention!r}")
         for name in ("lr", "weight_decay", "grad_clip"):
             val = getattr(self, name)
             if not isinstance(val, (int, float)) or val < 0 or (name == "lr" and val == 0):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import time
@@ -25,7 +26,7 @@ from fpa.train.schedule import lr_at
 MODEL_DIR = "model"
 # settings a checkpoint must share with the run that resumes it (they define the model or the data stream)
 RESUME_KEYS = ("preset", "attention", "fpa_mode", "model_overrides", "seed", "batch_size", "seq_len", "tokenizer",
-               "mix_task", "mix_rate")
+               "mix_task", "mix_rate", "live_reg", "live_reg_tau")
 
 
 def resolve_data(cfg: TrainConfig, d: D.Dist) -> Path:
@@ -67,7 +68,8 @@ def evaluate(model: nn.Module, val: TokenShards, cfg: TrainConfig, d: D.Dist, mi
 def check_resumable(saved: dict, cfg: TrainConfig, ckpt: Path) -> None:
     """ValueError naming every RESUME_KEYS setting that differs between a checkpoint and ``cfg``."""
     now = cfg.to_dict()
-    diff = {k: (saved.get(k), now[k]) for k in RESUME_KEYS if saved.get(k) != now[k]}
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}  # keys older checkpoints lack
+    diff = {k: (saved.get(k, defaults[k]), now[k]) for k in RESUME_KEYS if saved.get(k, defaults[k]) != now[k]}
     if diff:
         raise ValueError(f"cannot resume from {ckpt}: settings differ (checkpoint, now): {diff}; "
                          "use another out_dir or the checkpoint's settings")
@@ -81,7 +83,8 @@ def _mixer(cfg: TrainConfig):
     return get_mixer(cfg.mix_task)
 
 
-def _train_step(model, opt, batches: StepBatches, step: int, cfg: TrainConfig, d: D.Dist, micro: int) -> dict:
+def _train_step(model, opt, batches: StepBatches, step: int, cfg: TrainConfig, d: D.Dist, micro: int,
+                reg=None) -> dict:
     """One optimizer step over the global batch; returns the step's record (loss is the global mean)."""
     lr = lr_at(step, cfg.lr, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio)
     for g in opt.param_groups:
@@ -98,7 +101,8 @@ def _train_step(model, opt, batches: StepBatches, step: int, cfg: TrainConfig, d
         with sync:
             with _autocast(cfg, d):
                 loss = model(input_ids=x, labels=x).loss
-            (loss / cfg.grad_accum).backward()
+            total = loss if reg is None else loss + reg.penalty().to(loss.device)
+            (total / cfg.grad_accum).backward()
         loss_sum += loss.item()
         n_mixed += mixed
     gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
@@ -189,6 +193,11 @@ def _run(cfg: TrainConfig, d: D.Dist, on_step) -> dict:
     model = build_model(cfg, tok.vocab_size).to(d.device)
     model = D.wrap(model, d)
     opt = build_optimizer(model, cfg)
+    reg = None
+    if cfg.live_reg > 0:
+        from fpa.train.regularizers import LiveFractionRegularizer
+
+        reg = LiveFractionRegularizer(model, cfg.live_reg, cfg.live_reg_tau)
     start, rec = _resume(out, model, opt, cfg, d)
     log = MetricsLog(out, start, cfg.tensorboard) if d.is_main else None
     bar = None
@@ -201,7 +210,7 @@ def _run(cfg: TrainConfig, d: D.Dist, on_step) -> dict:
     model.train()
     for step in range(start, cfg.steps):
         t0 = time.perf_counter()
-        rec = _train_step(model, opt, batches, step, cfg, d, micro)
+        rec = _train_step(model, opt, batches, step, cfg, d, micro, reg)
         if d.device.type == "cuda":
             torch.cuda.synchronize()
         dt = time.perf_counter() - t0
