@@ -31,9 +31,12 @@ from fpa.ops.cpu_whole_src import SOURCE as _WHOLE
 
 SOURCE = _ROWS + _WHOLE
 
-# -ffast-math lets the sums vectorize; -fno-finite-math-only keeps inf (empty minima) exact.
+# -ffast-math lets the sums vectorize; -fno-finite-math-only keeps inf (empty minima) exact. It is for
+# the compile step only: linking with it (gcc 12) adds crtfastmath.o, which would turn on
+# flush-to-zero / denormals-are-zero for the whole process when the library loads.
 FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-ffast-math", "-fno-finite-math-only",
-         "-fPIC", "-shared", "-std=c++20"]
+         "-fPIC", "-std=c++20"]
+LINK_FLAGS = ["-shared", "-fopenmp"]
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None | bool = False  # False: not tried yet; None: unavailable
 _reason: str | None = None
@@ -57,7 +60,7 @@ def _cpu_key() -> str:
                 break
     except OSError:
         pass
-    h = hashlib.sha256("\n".join([SOURCE, " ".join(FLAGS), platform.machine(), flags]).encode())
+    h = hashlib.sha256("\n".join([SOURCE, " ".join(FLAGS + LINK_FLAGS), platform.machine(), flags]).encode())
     return h.hexdigest()[:16]
 
 
@@ -72,10 +75,11 @@ def _build() -> ctypes.CDLL:
         with tempfile.TemporaryDirectory(dir=cache) as tmp:
             src = Path(tmp) / "rows.cpp"
             src.write_text(SOURCE)
-            out = Path(tmp) / "rows.so"
-            res = subprocess.run([cxx, *FLAGS, str(src), "-o", str(out)], capture_output=True, text=True)
-            if res.returncode != 0:
-                raise RuntimeError(f"{cxx} failed: {res.stderr[-2000:]}")
+            obj, out = Path(tmp) / "rows.o", Path(tmp) / "rows.so"
+            for cmd in ([cxx, *FLAGS, "-c", str(src), "-o", str(obj)], [cxx, *LINK_FLAGS, str(obj), "-o", str(out)]):
+                res = subprocess.run(cmd, capture_output=True, text=True)
+                if res.returncode != 0:
+                    raise RuntimeError(f"{cxx} failed: {res.stderr[-2000:]}")
             os.replace(out, so)  # atomic: concurrent builders each install a complete file
     lib = ctypes.CDLL(str(so))
     for name in ("fpa_fwd_f32", "fpa_bwd_f32", "fpa_fwd_f64", "fpa_bwd_f64"):
