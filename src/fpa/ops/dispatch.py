@@ -145,7 +145,7 @@ def first_passage_attention(
         past_min: optional (B, Hq, Tk - Tq), the cache form: for each of the first Tk - Tq keys,
             the field's minimum after that key up to just before the first query (+inf where
             that range is empty). The keys need not be contiguous positions (an evicting cache).
-        chunk_size: query chunk of the chunked backend (memory O(B*H*chunk*Tk)); default 256.
+        chunk_size: query chunk of the chunked backend (memory O(B*H*chunk*Tk)); default 64.
         skip_tolerance: None (default, exact) or eps in (0, 1): the triton backend then skips key
             tiles whose penalties are certainly so large that, per query row, the skipped keys
             together carry less than eps of the softmax weight (each output entry off by at most
