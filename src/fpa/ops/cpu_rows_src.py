@@ -48,6 +48,13 @@ static inline float fexp(float x) {
 
 static inline double fexp(double x) { return std::exp(x); }
 // Softmax tail of a forward row whose first n = p + 1 entries hold the biased scores.
+// 0 for |x| below the smallest normal: a denormal dS would make the next GEMMs (dq, dk) slow
+template <typename T>
+static inline T flush(T x) {
+  const T ax = x < 0 ? -x : x;
+  return ax < std::numeric_limits<T>::min() ? T(0) : x;
+}
+
 // max of x[0:n] in 16 lanes (a plain max reduction does not vectorize without -ffinite-math-only)
 
 template <typename T>
@@ -185,14 +192,14 @@ static void fpa_block(T* S, T* dP, T* lse, const T* delta, const FpaArgs<T>& a, 
         const T d = mm - lv[j];
         const T pr = fexp(row[j] * scale + b * (d < 0 ? d : T(0)) - L);
         row[j] = pr;
-        drow[j] = pr * (drow[j] - dl);
+        drow[j] = flush(pr * (drow[j] - dl));
       }
 #pragma GCC ivdep  // the arrays are disjoint: no alias checks (more than 10 stop the vectorizer)
       for (i64 jl = 0; jl <= i; ++jl) {
         const T d = Ml[jl] - lvl[jl];
         const T pr = fexp(row[nb + jl] * scale + b * (d < 0 ? d : T(0)) - L);
         row[nb + jl] = pr;
-        drow[nb + jl] = pr * (drow[nb + jl] - dl);
+        drow[nb + jl] = flush(pr * (drow[nb + jl] - dl));
       }
     } else {
       T dpc = 0, dbrow = 0;
@@ -210,7 +217,7 @@ static void fpa_block(T* S, T* dP, T* lse, const T* delta, const FpaArgs<T>& a, 
           const T d = mm - lw[j];
           const T nd = d < 0 ? d : T(0);
           const T pr = fexp(rw[j] * scale + b * nd - L);
-          const T ds = pr * (dr[j] - dl);
+          const T ds = flush(pr * (dr[j] - dl));
           rw[j] = pr;
           dr[j] = ds;
           dbrow += ds * nd;
@@ -233,7 +240,7 @@ static void fpa_block(T* S, T* dP, T* lse, const T* delta, const FpaArgs<T>& a, 
           const T d = Mw[jl] - lw[jl];
           const T nd = d < 0 ? d : T(0);
           const T pr = fexp(rw[jl] * scale + b * nd - L);
-          const T ds = pr * (dr[jl] - dl);
+          const T ds = flush(pr * (dr[jl] - dl));
           rw[jl] = pr;
           dr[jl] = ds;
           dbrow += ds * nd;
@@ -280,14 +287,14 @@ static void fox_block(T* S, T* dP, T* lse, const T* delta, const FoxArgs<T>& a, 
       for (i64 j = 0; j <= p; ++j) {
         const T pr = fexp(row[j] * scale + (cp - cm[j]) - L);
         row[j] = pr;
-        drow[j] = pr * (drow[j] - dl);
+        drow[j] = flush(pr * (drow[j] - dl));
       }
     } else {
       T acc = 0;
 #pragma GCC ivdep  // the arrays are disjoint: no alias checks (more than 10 stop the vectorizer)
       for (i64 j = 0; j <= p; ++j) {
         const T pr = fexp(row[j] * scale + (cp - cm[j]) - L);
-        const T ds = pr * (drow[j] - dl);
+        const T ds = flush(pr * (drow[j] - dl));
         row[j] = pr;
         drow[j] = ds;
         dc[j] -= ds;
