@@ -86,6 +86,8 @@ class FPAModel(FPAPreTrainedModel):
                              + (" (use input_ids[None] for one sequence)" if input_ids.dim() == 1 else ""))
         if input_ids.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8, torch.int8):
             raise ValueError(f"input_ids must be integer token ids, got dtype {input_ids.dtype}")
+        if torch.compiler.is_compiling():  # the value check is a host sync: it would break the graph
+            return
         if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= self.config.vocab_size):
             raise ValueError(f"input_ids must lie in [0, vocab_size={self.config.vocab_size}), got values in "
                              f"[{int(input_ids.min())}, {int(input_ids.max())}]")
