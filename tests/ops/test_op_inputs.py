@@ -168,9 +168,6 @@ def test_value_checks_cost_one_host_sync(monkeypatch):
     assert len(n) == 1
 
 
-@pytest.mark.xfail(strict=False, reason="fpa.ops.cpu_kernels is linked with -ffast-math (gcc 12 then links "
-                   "crtfastmath.o), which sets flush-to-zero/denormals-are-zero for the whole process on load; "
-                   "issue 15: compile with -ffast-math but link without it")
 def test_op_leaves_the_floating_point_environment_alone():
     """After any backend ran, subnormal numbers still exist in the process (no FTZ/DAZ left set)."""
     import subprocess
