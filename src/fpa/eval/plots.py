@@ -36,13 +36,15 @@ def smooth(y: np.ndarray, window: int) -> np.ndarray:
     return (c[window:] - c[:-window]) / window
 
 
-def plot_loss_curves(curves: dict[str, list[float]], train_len: int, path: str | Path) -> None:
-    """Per-position held-out loss (T,) per method, smoothed over train_len / 8 positions."""
+def plot_loss_curves(curves: dict[str, list[float]], train_len: int, path: str | Path,
+                     dashed: tuple[str, ...] = ()) -> None:
+    """Per-position held-out loss (T,) per method, smoothed over train_len / 8 positions; the
+    methods named in ``dashed`` (ablations) drawn dashed."""
     fig, ax = _figure(figsize=(7, 4))
     w = max(1, train_len // 8)
     for name, y in curves.items():
         s = smooth(np.asarray(y), w)
-        ax.plot(np.arange(len(s)) + w, s, label=name, lw=1.2)
+        ax.plot(np.arange(len(s)) + w, s, label=name, lw=1.2, ls="--" if name in dashed else "-")
     ax.axvline(train_len, color="k", ls="--", lw=0.8, label="training length")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("context (tokens)")
@@ -144,8 +146,11 @@ def plot_example(ex: dict, title: str, path: str | Path) -> None:
     live = live_keys(torch.tensor(field), torch.tensor(level)).numpy()
     a, b = ex["needle_start"], ex["needle_start"] + ex["needle_len"]
     fig, ax = _figure(1, 3, figsize=(14, 4))
-    ax[0].plot(field, lw=0.8, label="field")
-    ax[0].plot(level, lw=0.8, label="level")
+    if np.array_equal(field, level):  # walk mode without a level offset
+        ax[0].plot(field, lw=0.8, label="field = level")
+    else:
+        ax[0].plot(field, lw=0.8, label="field")
+        ax[0].plot(level, lw=0.8, label="level")
     ax[1].imshow(live, cmap="Greys", interpolation="nearest", aspect="auto")
     ax[2].plot(ex["attention"], lw=0.8)
     for x in (ax[0], ax[2]):

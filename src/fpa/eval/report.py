@@ -254,7 +254,8 @@ def how_text(results: dict) -> str:
 
 def _figures(results: dict, out: Path) -> dict[str, str]:
     L, ms, figs = results["train_len"], results["methods"], {}
-    plots.plot_loss_curves({n: m["loss"]["curve"] for n, m in ms.items()}, L, out / "loss-curves.png")
+    plots.plot_loss_curves({n: m["loss"]["curve"] for n, m in ms.items()}, L, out / "loss-curves.png",
+                           dashed=tuple(n for n, m in ms.items() if m.get("ablation")))
     figs["Per-position held-out loss (mean over seeds)"] = "loss-curves.png"
     plots.plot_task_curves({n: m["task_loss_curve"] for n, m in ms.items()}, out / "answer-loss.png", NO_COPY_FLOOR)
     figs["Answer loss during training (the ablation dashed)"] = "answer-loss.png"
