@@ -15,8 +15,9 @@ TYPES = [("fpa", "free"), ("fpa", "walk"), ("fox", "free"), ("softmax_rope", "fr
 def tiny_model(att="fpa", mode="free", seed=0, **kw):
     """A 2-layer random model, GQA (4 query heads, 2 KV heads), vocab 37."""
     torch.manual_seed(seed)
+    kw.setdefault("num_key_value_heads", 2)
     c = FPAConfig(vocab_size=37, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, intermediate_size=48, attention=att, fpa_mode=mode, **kw)
+                  intermediate_size=48, attention=att, fpa_mode=mode, **kw)
     return FPAForCausalLM(c).eval()
 
 

@@ -27,13 +27,21 @@ class FPACache(Cache):
     included), not the keys held (``keys_held()``). Without a policy the cache can be cropped
     (assisted and prompt-lookup decoding). A cache remembers the model configuration that filled it
     and refuses a model with another one.
+
+    Storage is paged (fpa.cache.storage): blocks of ``block_size`` keys per (row, KV head), so the
+    bytes held follow the keys kept. ``peak_bytes`` is the largest ``bytes_held()`` seen so far,
+    measured after each forward call and before the policy runs (the cache's high-water mark).
     """
 
-    def __init__(self, policy: Policy | None = None):
+    def __init__(self, policy: Policy | None = None, block_size: int = 16):
         if policy is not None and not isinstance(policy, Policy):
             raise ValueError(f"policy must be an fpa.cache policy (FPAEviction, TOVA, ...) or None, got {policy!r}")
+        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+            raise ValueError(f"block_size must be a positive int, got {block_size!r}")
         super().__init__(layer_class_to_replicate=LayerCache)
         self.policy = policy
+        self.block_size = block_size
+        self.peak_bytes = 0
         self.model_signature: dict | None = None
 
     def bind(self, signature: dict) -> None:
@@ -48,7 +56,7 @@ class FPACache(Cache):
     def layer(self, idx: int) -> LayerCache:
         """The LayerCache of layer ``idx``, created on first use."""
         while len(self.layers) <= idx:
-            lc = LayerCache(croppable=self.policy is None)
+            lc = LayerCache(croppable=self.policy is None, block_size=self.block_size)
             lc.need_weights = self.policy is not None and self.policy.needs_weights
             self.layers.append(lc)
         return self.layers[idx]
@@ -81,6 +89,7 @@ class FPACache(Cache):
 
     def step_done(self) -> None:
         """Apply the policy to every layer (after a forward call) and update its kept_fraction."""
+        self.peak_bytes = max(self.peak_bytes, self.bytes_held())
         if self.policy is not None:
             for lc in self.layers:
                 self.policy.check_layer(lc)
@@ -105,12 +114,14 @@ class FPACache(Cache):
 
     def bytes_held(self) -> int:
         """Bytes of every tensor the cache holds (keys, values, positions, levels, minima, scores),
-        padding slots included, and without a policy the field history kept for ``crop``."""
+        holes, partly filled and free blocks and the block tables included, and without a policy
+        the field history kept for ``crop``."""
         return sum(lc.bytes_held() for lc in self.layers)
 
     def bytes_live(self) -> int:
-        """Bytes the kept keys alone take (no padding, no reserve): what a flat variable-length
-        layout would hold. bytes_held() - bytes_live() is the cost of per-head padding."""
+        """Bytes the kept keys alone take (every stored field of the held slots, no holes, no free
+        room, no metadata). bytes_held() <= 1.15 bytes_live() + a fixed allowance per layer
+        (``LayerCache.store.overhead_bound()``; plus the field history without a policy)."""
         return sum(lc.bytes_live() for lc in self.layers)
 
     def reorder_cache(self, beam_idx: Tensor) -> None:

@@ -34,6 +34,7 @@ class RuleThenBudget(Policy):
         self.budget_policy.check_layer(layer)
 
     def keep_mask(self, layer: LayerCache) -> Tensor:
-        """(B, Hkv, C) bool."""
-        survivors = self.rule.keep_mask(layer) & layer.store["valid"]
-        return top_k_keep(self.budget_policy.score(layer), survivors, self.budget_policy.budget)
+        """(N, P) bool, pool layout (see fpa.cache.policies)."""
+        st = layer.store
+        survivors = st.to_dense(self.rule.keep_mask(layer) & st.pool["valid"], False).view(st["valid"].shape)
+        return st.from_dense(top_k_keep(self.budget_policy.score(layer), survivors, self.budget_policy.budget))

@@ -1,8 +1,9 @@
 """One layer's decoding state: the per-head key store plus what the eviction rules need.
 
 ``LayerCache`` is a transformers ``CacheLayerMixin`` (one per model layer inside ``FPACache``),
-but the attention layers write to it through ``append`` (keys, values, and for FPA/FoX the field
-and level), not through ``update``: its keys live in a per-head padded store (fpa.cache.storage).
+but the attention layers use it through ``attend`` (attention over the cached keys plus the new
+ones, then ``append``), not through ``update``: its keys live in a paged per-head store
+(fpa.cache.storage) that the attention reads block by block (fpa.cache.paged).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ try:  # a transformers cache layer when transformers is installed (the models ex
 except ImportError:  # pragma: no cover - core install: fpa.layers works without transformers
     CacheLayerMixin = object
 
-from fpa.cache.storage import _PAD, PAD_BIG, Q_HEAD_FIELDS, HeadStore
+from fpa.cache.paged import cached_attention, dense_weights
+from fpa.cache.storage import _PAD, PAD_BIG, Q_HEAD_FIELDS, PagedStore
 from fpa.ops import past_min_from_field
 
 WEIGHT_FIELDS = ("last", "score")
@@ -42,14 +44,13 @@ class LayerInfo:
 class LayerCache(CacheLayerMixin):
     """Decoding state of one attention layer.
 
-    store: a HeadStore with k (B, Hkv, C, D), v (B, Hkv, C, Dv), pos (B, Hkv, C) int32 and, for
-    FPA/FoX layers, level and pm (B, Hq, C) float32, pm_j = min of the field over (j, now]
-    (+inf for the newest key). length: tokens seen, padding included (the logical sequence length
+    store: a PagedStore (fpa.cache.storage) with the fields k, v, pos, valid and, for FPA/FoX
+    layers, level and pm (one per query head), pm_j = min of the field over (j, now] (+inf for the
+    newest key); ``store[name]`` is a padded dense copy (B, Hkv, C, ...) / (B, Hq, C) for inspection. length: tokens seen, padding included (the logical sequence length
     transformers reads with ``get_seq_length``). next_position (B,): the position the next real
     token of each row gets (tokens seen minus padding, unless explicit position ids said otherwise).
     last_field (B, Hq): the walk's last value (walk mode, FoX). With ``need_weights`` set (TOVA,
-    H2O), each call also records the attention weights of the new queries in two store fields
-    (B, Hkv, C): ``last`` = weights of the last query, mean over the query heads of each KV head,
+    H2O), each call also records the attention weights of the new queries in two per-slot store fields: ``last`` = weights of the last query, mean over the query heads of each KV head,
     and ``score`` += the weights summed over every query and query head since the key arrived.
 
     Padding tokens (attention_mask 0) are stored as padding slots: no key, no walk step, no decay.
@@ -61,8 +62,9 @@ class LayerCache(CacheLayerMixin):
     is_sliding = False
     supports_early_init = False
 
-    def __init__(self, croppable: bool = True):
-        self.store: HeadStore | None = None
+    def __init__(self, croppable: bool = True, block_size: int = 16):
+        self.store: PagedStore | None = None
+        self.block_size = block_size
         self.length = 0
         self.next_position: Tensor | None = None
         self.last_field: Tensor | None = None
@@ -75,7 +77,8 @@ class LayerCache(CacheLayerMixin):
     # --- transformers CacheLayerMixin interface -------------------------------------------------
     @property
     def keys(self) -> Tensor | None:
-        """(B, Hkv, C, D) stored keys, padding slots included (``store["valid"]`` tells which)."""
+        """(B, Hkv, C, D) a padded dense COPY of the stored keys (``store["valid"]`` tells which
+        slots hold a key); for inspection only, decoding never builds it."""
         return None if self.store is None or "k" not in self.store else self.store["k"]
 
     @property
@@ -105,14 +108,14 @@ class LayerCache(CacheLayerMixin):
     def get_max_cache_shape(self) -> int:
         return -1
 
-    def offload(self) -> None:  # the padded store stays where it is
+    def offload(self) -> None:  # the paged store stays where it is
         pass
 
     def prefetch(self) -> None:
         pass
 
     def reset(self) -> None:
-        self.__init__(self.is_croppable)
+        self.__init__(self.is_croppable, self.block_size)
 
     def reorder_cache(self, beam_idx: Tensor) -> None:
         """Select / reorder batch rows (beam search)."""
@@ -154,7 +157,7 @@ class LayerCache(CacheLayerMixin):
             field = torch.cat(self._fields, -1)[..., :keep]
             self._fields = [field]
             pm = past_min_from_field(field).masked_fill(~self._grouped(self.store["valid"]), -PAD_BIG)
-            self.store["pm"].copy_(pm)
+            self.store.set_dense("pm", pm)
             if self.last_field is not None:
                 real = field < PAD_BIG / 2  # padding positions hold +PAD_BIG
                 last = torch.where(real, torch.arange(keep, device=field.device), -1).max(-1).values
@@ -168,7 +171,7 @@ class LayerCache(CacheLayerMixin):
         A cache filled by one attention type refuses another."""
         if self.info is None:
             self.info = info
-            self.store = HeadStore(info.groups)
+            self.store = PagedStore(info.groups, self.block_size)
             self.is_initialized = True
         elif (info.kind, info.mode, info.groups) != (self.info.kind, self.info.mode, self.info.groups):
             raise ValueError(f"this cache layer was filled by a {self.info.kind!r} attention layer "
@@ -193,11 +196,38 @@ class LayerCache(CacheLayerMixin):
             return self.store[name]
         return like[:, :, :0]
 
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, past_bias, new_bias: Tensor, need_weights: bool = False,
+               **append_kw) -> tuple[Tensor, Tensor | None]:
+        """Attention of the T new queries q (B, Hq, T, D) over the cached keys and the new keys
+        k, v (B, Hkv, T, D), then ``append(k, v, **append_kw)``. past_bias: a fpa.cache.paged bias
+        function for the cached keys (or None); new_bias broadcastable to (B, Hq, T, T) (-inf where
+        not allowed). Returns (o (B, Hq, T, Dv), weights (B, Hq, T, C + T) over the slots cached
+        before the call in ``store[...]`` order and then the new keys, or None)."""
+        mode = "full" if need_weights else ("record" if self.need_weights else None)
+        o, w_past, w_new = cached_attention(self.store, q, k, v, q.shape[-1] ** -0.5, past_bias, new_bias, mode)
+        w, new_w = None, None
+        if need_weights:
+            w = dense_weights(self.store, w_past, w_new)
+            if self.need_weights:
+                w_past = (w_past[..., -1].mean(-1), w_past.sum((2, 3)))
+        if self.need_weights:
+            if self.store.num_blocks:
+                for name in WEIGHT_FIELDS:
+                    self.store.add_field(name)
+                self.store.pool["last"].copy_(w_past[0])
+                self.store.pool["score"].add_(w_past[1])
+            B, Hq, T, _ = w_new.shape
+            wk = w_new.view(B, Hq // self.info.groups, self.info.groups, T, T)
+            new_w = dict(last=wk[:, :, :, -1].mean(2), score=wk.sum((2, 3)))
+        self.append(k, v, weights=new_w, **append_kw)
+        return o, w
+
     def append(self, k: Tensor, v: Tensor, field: Tensor | None = None, level: Tensor | None = None,
-               pos: Tensor | None = None, mask: Tensor | None = None) -> None:
+               pos: Tensor | None = None, mask: Tensor | None = None, weights: dict | None = None) -> None:
         """Store T new keys k, v (B, Hkv, T, D). field/level (B, Hq, T) (FPA/FoX; +PAD_BIG at padding
         positions) also update every pm_j <- min(pm_j, min field). pos (B, T): positions (default
-        ``positions``); mask (B, T) bool: False for padding tokens, stored as padding slots."""
+        ``positions``); mask (B, T) bool: False for padding tokens, stored as invalid slots;
+        weights: the new keys' "last" and "score" (B, Hkv, T) (TOVA/H2O; default 0)."""
         B, Hkv, T, _ = k.shape
         if self.next_position is None:
             self.next_position = torch.zeros(B, dtype=torch.long, device=k.device)
@@ -206,33 +236,24 @@ class LayerCache(CacheLayerMixin):
         new = dict(k=k, v=v, pos=pos.to(torch.int32)[:, None, :].expand(B, Hkv, T))
         if field is not None:
             if "pm" in self.store:
-                self.store.minimum_("pm", field.min(-1, keepdim=True).values)
+                self.store.minimum_per_row("pm", field.min(-1).values)
             new.update(level=level, pm=past_min_from_field(field))
             if self.is_croppable:
                 self._fields.append(field.detach())
         for name in WEIGHT_FIELDS:
-            if name in self.store:
-                new[name] = k.new_zeros(B, Hkv, T, dtype=torch.float32)
+            if name in self.store or self.need_weights:
+                new[name] = (weights or {}).get(name, k.new_zeros(B, Hkv, T, dtype=torch.float32))
+        if mask is not None:
+            gone = ~mask[:, None, :].expand(B, Hkv, T)
+            new["valid"] = ~gone
+            for name, pad in _PAD.items():
+                if name in new and name != "valid":
+                    x = new[name]
+                    new[name] = x.masked_fill(self._grouped(gone) if name in Q_HEAD_FIELDS else gone, pad)
         self.store.append(**new)
         real = pos.long() if mask is None else pos.long().masked_fill(~mask, -1)
         self.next_position = torch.maximum(self.next_position, real.max(-1).values + 1)
-        if mask is not None:
-            gone = ~mask[:, None, :].expand(B, Hkv, T)
-            for name, pad in _PAD.items():
-                if name in self.store:
-                    g = self._grouped(gone) if name in Q_HEAD_FIELDS else gone
-                    self.store[name][:, :, -T:].masked_fill_(g, pad)
         self.length += T
-
-    def record_weights(self, w: Tensor) -> None:
-        """w (B, Hq, T, C) attention weights of the T new queries over every stored slot (after append)."""
-        B, Hq, T, C = w.shape
-        g = self.info.groups
-        wk = w.float().view(B, Hq // g, g, T, C)
-        for name in WEIGHT_FIELDS:
-            self.store.add_field(name)
-        self.store["last"].copy_(wk[:, :, :, -1].mean(2))
-        self.store.add_("score", wk.sum((2, 3)))
 
     def counts(self) -> Tensor:
         """(B, Hkv) keys held per row and KV head."""
@@ -249,4 +270,5 @@ class LayerCache(CacheLayerMixin):
         return hist + (0 if self.store is None else self.store.bytes_held())
 
     def bytes_live(self) -> int:
+        """Bytes of the kept keys alone (all store fields of the held slots)."""
         return 0 if self.store is None else self.store.bytes_live()

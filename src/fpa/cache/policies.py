@@ -1,7 +1,10 @@
 """Eviction policies: the model's own rule (FPAEviction, FoXEviction) and budget baselines.
 
 A policy is applied by FPACache after every forward call (a prefill chunk or a decode step),
-layer by layer: ``keep_mask(layer)`` returns (B, Hkv, C) bool, True for the slots to keep.
+layer by layer: ``keep_mask(layer)`` returns (N, P) bool in the paged store's pool layout
+(fpa.cache.storage), True for the slots to keep. The threshold rules work on the pool directly;
+the budget policies rank a padded (B, Hkv, C) copy of their scalar score (``score(layer)``, in the
+order of ``layer.store[...]``) and map the kept slots back with ``store.from_dense``.
 
 Grouped-query attention: a KV head's key is shared by ``groups`` query heads. The threshold
 rules evict it only when EVERY query head of its group agrees (each one's penalty exceeds the
@@ -59,15 +62,17 @@ def _check_threshold(threshold) -> float:
 
 
 def penalties(layer: LayerCache) -> Tensor:
-    """(B, Hq, C) beta_h * max(0, level_j - m_j): the penalty every later query gives key j at least."""
+    """(N, P, G) pool layout: beta_h * max(0, level_j - m_j), the penalty every later query of
+    query head h (the g-th of its KV head's group) gives key j at least."""
     st, info = layer.store, layer.info
-    return info.beta.float().to(st["pm"].device)[None, :, None] * torch.relu(st["level"] - st["pm"])
+    beta = info.beta.float().to(st.owner.device).reshape(-1, info.groups)  # (Hkv, G)
+    b = beta[st.block_rows() % st.Hkv]  # (N, G)
+    return b[:, None, :] * torch.relu(st.pool["level"] - st.pool["pm"])
 
 
-def group_all(x: Tensor, groups: int) -> Tensor:
-    """(B, Hq, C) bool -> (B, Hkv, C): True where every query head of the KV head's group is True."""
-    B, Hq, C = x.shape
-    return x.view(B, Hq // groups, groups, C).all(2)
+def group_all(x: Tensor) -> Tensor:
+    """(N, P, G) bool -> (N, P): True where every query head of the KV head's group is True."""
+    return x.all(-1)
 
 
 class _ThresholdEviction(Policy):
@@ -87,7 +92,7 @@ class _ThresholdEviction(Policy):
 
     def keep_mask(self, layer: LayerCache) -> Tensor:
         evict = penalties(layer) > self.effective_threshold(layer)
-        return ~group_all(evict, layer.info.groups)
+        return ~group_all(evict)
 
 
 class FPAEviction(_ThresholdEviction):
@@ -167,7 +172,8 @@ class _BudgetPolicy(Policy):
         raise NotImplementedError
 
     def keep_mask(self, layer: LayerCache) -> Tensor:
-        return top_k_keep(self.score(layer), layer.store["valid"], self.budget)
+        st = layer.store
+        return st.from_dense(top_k_keep(self.score(layer), st["valid"], self.budget))
 
 
 class SlidingWindow(_BudgetPolicy):

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fpa.cache.layer import LayerCache, LayerInfo
+from fpa.cache.paged import alibi_past_bias, fpa_past_bias
 from fpa.cache.storage import PAD_BIG
 from fpa.cache.weights import attention_weights, causal_block_mask, fpa_bias
 from fpa.ops import first_passage_attention, forgetting_attention
@@ -256,20 +257,14 @@ def _continue_walk(increments: Tensor, state: LayerCache | None) -> Tensor:
 
 def _fpa_cached(q, k, v, field, level, beta, state: LayerCache, backend="auto", mask=None, pos=None,
                 need_weights=False):
-    """Cache form of FPA: store the T new keys, then attend over every stored key (level and
-    pm_j = min of the field after key j up to before the new tokens, docs/fpa.md).
-    q (B, Hq, T, D), k, v (B, Hkv, T, D), field/level (B, Hq, T) -> ((B, Hq, T, D), weights or None)."""
-    past = state.past("pm", field).clone()  # the append updates pm in place
-    state.append(k, v, field=field, level=level, pos=pos, mask=mask)
-    k_all, v_all, level_all = state.store["k"], state.store["v"], state.store["level"]
-    o = first_passage_attention(q, k_all, v_all, field, level_all, beta=beta, past_min=past, backend=backend)
-    w = None
-    if state.need_weights or need_weights:
-        b = beta.detach() if torch.is_tensor(beta) else beta
-        w = attention_weights(q, k_all, fpa_bias(field, level_all, past, b), q.shape[-1] ** -0.5)
-        if state.need_weights:
-            state.record_weights(w)
-    return o, w
+    """Cache form of FPA: attend over the paged cache (level and pm_j = min of the field after key j
+    up to before the new tokens, docs/fpa.md) and the new keys, then store the new keys.
+    q (B, Hq, T, D), k, v (B, Hkv, T, D), field/level (B, Hq, T) -> ((B, Hq, T, D), weights or None).
+    ``backend`` is unused: the cache is read block by block by fpa.cache.paged."""
+    b = beta.detach() if torch.is_tensor(beta) else beta
+    new_bias = fpa_bias(field, level, field[..., :0], b)  # (B, Hq, T, T), -inf above the diagonal
+    return state.attend(q, k, v, fpa_past_bias(state.store, field, b), new_bias, need_weights,
+                        field=field, level=level, pos=pos, mask=mask)
 
 
 class ForgettingAttention(AttentionBase):
@@ -370,16 +365,13 @@ class SoftmaxAttention(AttentionBase):
             kpos = qpos[None, None] if qpos.dim() == 1 else qpos[:, None]
             valid = None if mask is None else mask[:, None, :]
         else:
-            state.append(k, v, pos=qpos, mask=mask)
-            k, v, kpos, valid = (state.store[n] for n in ("k", "v", "pos", "valid"))
-            kpos, valid = kpos.repeat_interleave(rep, 1), valid.repeat_interleave(rep, 1)
+            qp = qpos.expand(B, T)
+            new_bias = self._bias(qp, qp[:, None], None if mask is None else mask[:, None], torch.float32)
+            past = alibi_past_bias(state.store, qp, self.slopes) if self.position == "alibi" else None
+            return state.attend(q, k, v, past, new_bias, need_weights, pos=qp, mask=mask)
         bias = self._bias(qpos, kpos, valid, q.dtype)  # (B or 1, Hq or 1, T, Tk)
         o = F.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1), attn_mask=bias)
-        w = None
-        if need_weights or (state is not None and state.need_weights):
-            w = attention_weights(q, k, bias.float(), self.scale)
-            if state is not None and state.need_weights:
-                state.record_weights(w)
+        w = attention_weights(q, k, bias.float(), self.scale) if need_weights else None
         return o, w
 
     def _bias(self, qpos: Tensor, kpos: Tensor, valid: Tensor | None, dtype) -> Tensor:
