@@ -12,7 +12,9 @@ default init, weights std 0.02, a random model barely forgets, and heads whose l
 their field keep everything; the calibration makes every head's field move).
 The eviction pattern of such a random field is NOT that of a trained model: the kept fractions
 here measure the machinery (speed and memory at a given kept fraction), not what a trained
-model would keep. Both configurations append by concatenation (one O(C) copy per step).
+model would keep. The committed cache-cpu.* results predate the paged store (they show the former
+per-head padded layout); benchmarks/bench_long_context.py measures the paged store on trained
+models from 1k to 128k tokens.
 
     OMP_NUM_THREADS=1 python benchmarks/bench_cache.py            # writes benchmarks/results/cache-cpu.{md,png,json}
 """
@@ -101,8 +103,8 @@ def markdown(rows: list[dict], header: str, args) -> str:
            f"Per length L: chunked prefill (chunk {args.chunk}) up to L, then {args.window} timed decode steps "
            f"(tokens/s = 1 / median step time over the window; bytes held and kept fraction after it). Batch 1, float32, "
            f"torch.get_num_threads() = {torch.get_num_threads()}. kept = keys held / keys seen over layers "
-           "and KV heads. MiB = bytes the cache has allocated (keys, values, positions, levels, minima, per-head "
-           "padding, reserve); live = bytes of the kept keys alone (a flat variable-length layout).", ""]
+           "and KV heads. MiB = bytes the cache has allocated (keys, values, positions, levels, minima, holes, "
+           "partial and free blocks, block tables); live = bytes of the kept keys alone.", ""]
     out.append("| L | " + " | ".join(f"{c} tok/s | {c} MiB | {c} live MiB | {c} kept" for c in configs) + " |")
     out.append("|---:|" + "---:|---:|---:|---:|" * len(configs))
     for L in lengths:

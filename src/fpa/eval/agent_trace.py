@@ -1,0 +1,278 @@
+"""Memory bounded by nesting depth: a one-head FPA walk decoding a long agent-like trace.
+
+An agent session is a long log of tool calls that open and return, with many observations in
+between; what matters at any moment is the stack of open calls (FPA.md P3). The experiment:
+
+1. ``train_walk_head``: a one-layer, one-head ``fpa_walk`` model (``fpa.tasks.packed``) trained on
+   the ``calls`` task (``fpa.tasks.nested``): tokens call A/B (0/1), return (2/3), observation (4/5),
+   dense supervision (the answer after every prefix: the fraction of open calls that are to tool
+   B, ``CallsTask.prefix_answers``). Training sequences are short (a few dozen tokens).
+2. ``make_trace``: one long trace (>= 100k tokens) whose call depth stays within ``max_depth``:
+   a call opens with probability ``p_call`` (if depth < max_depth), the innermost call returns
+   with probability ``p_return`` (if depth > 0), else an observation. Calls at the bottom of the
+   stack live for thousands of tokens.
+3. ``decode_trace``: the model runs as a cached decoder over the trace (``FPACache`` with a
+   policy; its layer is called on chunks of ``chunk`` tokens and the policy runs after each), and
+   reads its answer at every position. Recorded along the trace: bytes held, keys held, and
+   whether each answer is within the task's tolerance (0.5 / depth).
+
+Accuracy is over the query tokens where the answer is defined (depth > 0), and is also split by
+whether the oldest open call is older than a window of N tokens.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from fpa.cache import FPACache, Policy
+from fpa.cache.storage import PAD_BIG
+from fpa.layers.attention import FirstPassageAttention
+from fpa.tasks.capacity import TrainConfig, lr_factor
+from fpa.tasks.nested import PUSH, CallsTask, sample_walk
+from fpa.tasks.packed import PackedModels
+
+CALL, RETURN, OBS = (0, 1), (2, 3), (4, 5)
+
+
+class TokenOffsetWalk(FirstPassageAttention):
+    """EXPERIMENTAL variant for this experiment only (not a library layer): a walk with linear
+    increments (``step_proj``) whose level is raised per token, level_t = field_t +
+    softplus(u . x_t + c), and beta = softplus(beta_param).
+
+    With level = field (the library's walk) every key at the current floor of the walk stays live
+    (P3): observations and returns inside an open call accumulate with penalty 0, so no threshold
+    rule can evict them and the live set grows with the call's length, not with the depth. A
+    positive per-token offset makes a token's key dip as soon as anything follows it (an
+    observation: evicted by FPA's rule) while a call's key (offset ~ 0) stays live until the field
+    falls below it (its return). It overrides ``field_level`` and ``beta`` entirely, so it does not
+    depend on the library walk's parametrisation."""
+
+    def __init__(self, hidden_size: int, num_heads: int, head_dim: int, offset_bias_init: float = -4.0,
+                 field_init_std: float = 0.02):
+        super().__init__(hidden_size, num_heads, mode="walk", head_dim=head_dim)
+        self.step_proj = nn.Linear(hidden_size, num_heads)
+        self.offset_proj = nn.Linear(hidden_size, num_heads)
+        for lin, bias in ((self.step_proj, 0.0), (self.offset_proj, offset_bias_init)):
+            nn.init.normal_(lin.weight, std=field_init_std)
+            nn.init.constant_(lin.bias, bias)
+        self.increment_proj.requires_grad_(False)  # unused: the walk's increments are step_proj's
+
+    @property
+    def beta(self) -> Tensor:
+        return F.softplus(self.beta_param)
+
+    def field_parameters(self) -> list[nn.Parameter]:
+        return [*self.step_proj.parameters(), *self.offset_proj.parameters(), self.beta_param]
+
+    def field_level(self, x: Tensor, state=None, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """(field, level) (B, H, T): field continues the cached walk; level = field + offset."""
+        inc = self._per_head(self.step_proj, x)
+        if mask is not None:
+            inc = inc.masked_fill(~mask[:, None, :], 0.0)
+        field = torch.cumsum(inc, -1)
+        if state is not None:
+            if state.last_field is not None:
+                field = field + state.last_field[..., None]
+            state.last_field = field[..., -1]
+        level = field + F.softplus(self._per_head(self.offset_proj, x))
+        if mask is not None:
+            pad = ~mask[:, None, :]
+            field, level = field.masked_fill(pad, PAD_BIG), level.masked_fill(pad, PAD_BIG)
+        return field, level
+
+
+class OneHotHead(nn.Module):
+    """A one-head model on one-hot tokens (hidden = vocabulary size) with the PackedModels
+    interface decode_trace uses: hidden (B, 1, T) -> (B, T, V), attn, readout_all -> (B, 1, T)
+    (hidden unit 0 of the layer output is the prediction)."""
+
+    def __init__(self, attn: nn.Module, vocab_size: int):
+        super().__init__()
+        self.attn, self.vocab_size = attn, vocab_size
+
+    def hidden(self, tokens: Tensor) -> Tensor:
+        return F.one_hot(tokens[:, 0], self.vocab_size).float()
+
+    def readout_all(self, y: Tensor) -> Tensor:
+        return y[..., 0][:, None]
+
+
+def make_head(variant: str, dim: int, embed_dim: int, layer_kwargs: dict | None = None) -> PackedModels:
+    """One one-head model: ``variant`` "walk" (the library's fpa_walk layer, ``layer_kwargs`` passed
+    to it) or "walk+offset" (TokenOffsetWalk in place of the attention layer: one packed model, so
+    the block-diagonal packing is the identity)."""
+    model = PackedModels("fpa_walk", 1, CallsTask.vocab_size, dim, embed_dim, layer_kwargs)
+    if variant == "walk+offset":
+        model.attn = TokenOffsetWalk(embed_dim, 1, dim)
+    elif variant != "walk":
+        raise ValueError(f"variant must be 'walk' or 'walk+offset', got {variant!r}")
+    return model
+
+
+@torch.no_grad()
+def constructed_offset_head(beta: float = 20.0, content: float = 20.0, offset: float = 1.5) -> OneHotHead:
+    """The calls task by construction (cf. fpa.tasks.construct), with the per-token offset: walk
+    +1 / -1 / 0 for call / return / other, offset 0 for calls and ``offset`` for every other
+    token, key +1 for calls and -1 else, query ``content`` for query tokens, value = the token's
+    bit. offset > 1 puts every non-call key above the next call's field, so it dips by >= offset - 1
+    as soon as anything follows it. At a query the live calls get weight 1 each, everything else
+    <= e^-min(beta * (offset - 1), 2 content); FPA's rule at any tau < beta * (offset - 1) keeps
+    exactly the open calls and the newest key."""
+    V = CallsTask.vocab_size
+    kind = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])  # call, return, obs, query
+    bit = torch.tensor([0, 1, 0, 1, 0, 1, 0, 1], dtype=torch.float32)
+    layer = TokenOffsetWalk(V, 1, 1)
+    layer.step_proj.weight.copy_(torch.tensor([1.0, -1.0, 0.0, 0.0])[kind][None])
+    layer.step_proj.bias.zero_()
+    soft_inv = math.log(math.expm1(offset))
+    layer.offset_proj.weight.copy_(torch.where(kind == 0, -60.0, soft_inv)[None])
+    layer.offset_proj.bias.zero_()
+    layer.beta_param.fill_(beta + math.log(-math.expm1(-beta)))  # softplus^-1(beta)
+    layer.k_proj.weight.copy_(torch.where(kind == 0, 1.0, -1.0)[None])
+    layer.q_proj.weight.copy_(torch.where(kind == 3, content, 0.0)[None])
+    layer.v_proj.weight.copy_(bit[None])
+    layer.o_proj.weight.zero_()
+    layer.o_proj.weight[0, 0] = 1.0
+    return OneHotHead(layer.eval(), V)
+
+
+@dataclass(frozen=True)
+class Trace:
+    """tokens (T,) int64; answer, tolerance (T,) float32 and valid (T,) bool (the per-prefix answer
+    of the calls task); query (T,) bool: query tokens, where answers are read; depth (T,) open
+    calls after each token; oldest (T,) age in tokens of the oldest open call (0 when none)."""
+
+    tokens: np.ndarray
+    answer: np.ndarray
+    tolerance: np.ndarray
+    valid: np.ndarray
+    query: np.ndarray
+    depth: np.ndarray
+    oldest: np.ndarray
+
+
+def make_trace(n_tokens: int, max_depth: int = 6, p_call: float = 0.03, p_return: float = 0.03,
+               query_every: int = 64, seed: int = 0) -> Trace:
+    """A calls-task trace of ``n_tokens`` tokens whose depth never exceeds ``max_depth``; every
+    ``query_every``-th token is a query (6/7: "what fraction of the open calls are to tool B?")."""
+    if n_tokens < 1 or max_depth < 1:
+        raise ValueError(f"n_tokens and max_depth must be >= 1, got {n_tokens}, {max_depth}")
+    if not (0 < p_call < 1 and 0 < p_return < 1 and p_call + p_return < 1):
+        raise ValueError(f"p_call, p_return must be in (0, 1) with a sum < 1, got {p_call}, {p_return}")
+    rng = np.random.default_rng(seed)
+    u, bits = rng.random(n_tokens), rng.integers(0, 2, n_tokens)
+    tokens = np.empty(n_tokens, dtype=np.int64)
+    depth = np.empty(n_tokens, dtype=np.int64)
+    oldest = np.zeros(n_tokens, dtype=np.int64)
+    opened: list[int] = []
+    for t in range(n_tokens):
+        if u[t] < p_call and len(opened) < max_depth:
+            tokens[t] = CALL[bits[t]]
+            opened.append(t)
+        elif u[t] < p_call + p_return and opened:
+            tokens[t] = RETURN[bits[t]]
+            opened.pop()
+        elif t % query_every == query_every - 1:
+            tokens[t] = 6 + bits[t]
+        else:
+            tokens[t] = OBS[bits[t]]
+        depth[t] = len(opened)
+        oldest[t] = t - opened[0] if opened else 0
+    answer, tol, valid = CallsTask().prefix_answers(tokens[None])
+    return Trace(tokens, answer[0], tol[0], valid[0], tokens >= 6, depth, oldest)
+
+
+def train_walk_head(steps: int = 600, batch: int = 32, dim: int = 16, m_max: int = 6, obs_weight: float = 3.0,
+                    length_factor: int = 3, lr: float = 3e-2, seed: int = 0, variant: str = "walk",
+                    layer_kwargs: dict | None = None) -> tuple[PackedModels, list[float]]:
+    """A one-layer one-head fpa_walk model trained on calls sequences (depth at the end m in
+    1..m_max, ``obs_weight`` observations per push or pop, length (m + 16) * length_factor), dense
+    loss in tolerance units, Adam with warm-up and cosine decay (``fpa.tasks.capacity``).
+    Returns the model and the loss every 10 steps."""
+    task = CallsTask()
+    cfg = TrainConfig(steps=steps, batch=batch, lr=lr)
+    torch.manual_seed(seed)
+    rng = np.random.default_rng([seed, 14])
+    model = make_head(variant, dim, cfg.embed_dim, layer_kwargs)
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(cfg, s))
+    losses = []
+    for step in range(steps):
+        m = int(rng.integers(1, m_max + 1))
+        T = (m + 16) * length_factor
+        ops = sample_walk(rng, batch, T - 1, m, other_weight=obs_weight)
+        b = task.render(rng, ops, m)
+        a, t, v = (torch.from_numpy(x) for x in task.prefix_answers(b.tokens))
+        tok = torch.from_numpy(b.tokens)[:, None]  # (B, 1, T)
+        pred = model.readout_all(model.attn(model.hidden(tok)))[:, 0]  # (B, T)
+        loss = ((((pred - a) / t) ** 2) * v).sum() / v.sum()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        model.clip_grad_norm_(cfg.clip)
+        opt.step()
+        sched.step()
+        if step % 10 == 0 or step == steps - 1:
+            losses.append(float(loss.detach()))
+    return model.eval(), losses
+
+
+@torch.no_grad()
+def decode_trace(model: PackedModels, trace: Trace, policy: Policy | None, chunk: int = 16,
+                 sample_every: int = 1024) -> dict:
+    """Run ``model`` over the trace as a cached decoder (chunks of ``chunk`` tokens, the policy
+    after each). Returns correct (T,) bool (False where the answer is undefined), and samples of
+    (tokens seen, bytes held, bytes of kept keys, keys held) every ``sample_every`` tokens."""
+    cache = FPACache(policy)
+    lc = cache.layer(0)
+    tokens = torch.from_numpy(trace.tokens)[None, None]  # (1, 1, T)
+    T = tokens.shape[-1]
+    preds = torch.empty(T)
+    samples, t0, next_sample = [], time.perf_counter(), sample_every
+    for a in range(0, T, chunk):
+        y = model.attn(model.hidden(tokens[..., a:a + chunk]), lc)
+        cache.step_done()
+        preds[a:a + chunk] = model.readout_all(y)[0, 0]
+        seen = min(T, a + chunk)
+        if seen >= next_sample or seen == T:
+            samples.append(dict(tokens=seen, bytes_held=cache.bytes_held(), bytes_live=cache.bytes_live(),
+                                keys_held=int(lc.counts().sum()), depth=int(trace.depth[seen - 1])))
+            next_sample += sample_every
+    correct = ((preds.numpy() - trace.answer).__abs__() < trace.tolerance) & trace.valid
+    return dict(correct=correct, samples=samples, seconds=time.perf_counter() - t0,
+                peak_bytes=cache.peak_bytes)
+
+
+def accuracy_along(correct: np.ndarray, valid: np.ndarray, segments: int = 20) -> list[float]:
+    """Accuracy over the defined positions of each of ``segments`` equal parts of the trace."""
+    out = []
+    for part_c, part_v in zip(np.array_split(correct, segments), np.array_split(valid, segments)):
+        n = int(part_v.sum())
+        out.append(float(part_c[part_v].mean()) if n else math.nan)
+    return out
+
+
+def summarise(name: str, run: dict, trace: Trace, window: int | None = None) -> dict:
+    """The figures of one decoding run: accuracy overall, along the trace, and split by whether
+    the oldest open call is older than ``window`` tokens; bytes held (first/last/max sample)."""
+    c, v = run["correct"], trace.valid & trace.query
+    out = dict(config=name, accuracy=float(c[v].mean()), accuracy_along=accuracy_along(c, v),
+               seconds=run["seconds"], peak_bytes=run["peak_bytes"], samples=run["samples"])
+    if window is not None:
+        old = v & (trace.oldest >= window)
+        out.update(window=window, accuracy_call_older_than_window=float(c[old].mean()) if old.any() else math.nan,
+                   accuracy_call_within_window=float(c[v & ~old].mean()) if (v & ~old).any() else math.nan,
+                   fraction_positions_older=float(old.sum() / max(v.sum(), 1)))
+    return out
+
+
+def live_push_fraction(ops: np.ndarray) -> float:
+    """Share of PUSH events in an event array (a check on generated data)."""
+    return float((ops == PUSH).mean())
