@@ -107,9 +107,15 @@ def growth_exponent(rows: list[dict]) -> float:
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
 
 
+def _names(rows: list[dict]) -> list[str]:
+    """Configuration names, the full cache first."""
+    names = list(dict.fromkeys(r["config"] for r in rows))
+    return sorted(names, key=lambda c: c != "full")
+
+
 def markdown(data: dict) -> str:
     rows = data["rows"]
-    names = list(dict.fromkeys(r["config"] for r in rows))
+    names = _names(rows)
     lengths = sorted({r["length"] for r in rows})
     cell = {(r["config"], r["length"]): r for r in rows}
     full_bytes = {r["length"]: r["bytes_held"] for r in rows if r["config"] == "full"}
@@ -152,7 +158,8 @@ def markdown(data: dict) -> str:
             if r is not None and c != "full":
                 out.append(f"- {c}: kept {r['kept_fraction']:.3f} of the keys, holds {r['bytes_held'] / full_bytes[L]:.3f} "
                            f"of the full cache's bytes (L = {L})")
-    out += ["", f"Wall time of the runs that produced this table: {data.get('wall_s', 0) / 60:.1f} min."]
+    walls = ", ".join(f"{k} {v / 60:.1f}" for k, v in data.get("wall_by_config", {}).items())
+    out += ["", f"Wall time of the runs that produced this table: {data.get('wall_s', 0) / 60:.1f} min ({walls})."]
     return "\n".join(out) + "\n"
 
 
@@ -165,7 +172,7 @@ def plot(data: dict, path: Path) -> None:
     rows = data["rows"]
     fig, axs = plt.subplots(1, 3, figsize=(14, 4.2))
     styles = ["o-", "s-", "^-", "v-", "D-", "x-", "P-"]
-    for i, c in enumerate(dict.fromkeys(r["config"] for r in rows)):
+    for i, c in enumerate(_names(rows)):
         rs = sorted((r for r in rows if r["config"] == c), key=lambda r: r["length"])
         x = [r["length"] for r in rs]
         line, = axs[0].plot(x, [r["ms_per_token"] for r in rs], styles[i % len(styles)], label=c, ms=4)
@@ -226,7 +233,8 @@ def main(argv=None) -> None:
         t0 = time.perf_counter()
         rows = run_config(models[key], make(), tokens, args.lengths, args, name)
         data["rows"] = [r for r in data["rows"] if r["config"] != name] + rows
-        data["wall_s"] = data.get("wall_s", 0.0) + time.perf_counter() - t0
+        data.setdefault("wall_by_config", {})[name] = time.perf_counter() - t0
+        data["wall_s"] = sum(data["wall_by_config"].values())
         atomic_write_bytes(path, json.dumps(data, indent=1).encode())
         atomic_write_bytes(args.out / f"{args.name}.md", markdown(data).encode())
         plot(data, args.out / f"{args.name}.png")
