@@ -1,7 +1,7 @@
 """Memory bounded by nesting depth: bytes held and accuracy along a >= 100k-token agent trace.
 
 One trace of the ``calls`` task (fpa.eval.agent_trace.make_trace: calls open and return at
-random with the depth capped, observations in between, a query every 64 tokens) is decoded by
+random with the depth capped, observations in between; answers read every 64 tokens) is decoded by
 one-head models under three caches: the full cache, a sliding window of ``--window`` keys and
 FPA's own rule (FPAEviction(``--tau``)). Heads:
 
@@ -36,11 +36,11 @@ def markdown(data: dict) -> str:
     tr = data["trace"]
     out = ["# Agent trace: memory bounded by nesting depth (CPU)", "",
            f"Trace: {a['tokens']} tokens of the calls task, depth <= {a['max_depth']} (mean {tr['mean_depth']:.2f}), "
-           f"p(call) = p(return) = {a['p']}, otherwise observations, a query every 64 tokens "
-           f"({tr['queries']} queries with an open call). Oldest open call at a query: median {tr['median_oldest']} "
-           f"tokens, max {tr['max_oldest']}; {100 * tr['frac_older']:.1f}% of the queries have an open call older "
+           f"p(call) = p(return) = {a['p']}, otherwise observations, answers read every 64 tokens "
+           f"({tr['queries']} read-outs with an open call). Oldest open call at a read-out: median {tr['median_oldest']} "
+           f"tokens, max {tr['max_oldest']}; {100 * tr['frac_older']:.1f}% of the read-outs have an open call older "
            f"than the window ({a['window']} keys). Decoded in chunks of {a['chunk']} tokens (the policy runs after "
-           f"each). Accuracy = answers within the task's tolerance (0.5 / depth) at the queries.", "",
+           f"each). Accuracy = answers within the task's tolerance (0.5 / depth) at the read-outs.", "",
            "| head | cache | accuracy | acc. (oldest call > window) | acc. (within window) | keys held at end "
            "| KiB held at 10k / 50k / end | max KiB | decode s |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in data["runs"]:
@@ -69,13 +69,16 @@ def plot(data: dict, path: Path) -> None:
     heads = list(dict.fromkeys(r["head"] for r in data["runs"]))
     fig, axs = plt.subplots(2, len(heads), figsize=(5 * len(heads), 7.5), squeeze=False)
     colors = {"full": "tab:gray", "window": "tab:orange", "fpa": "tab:blue"}
+    style = {"full": dict(ls="--", lw=2.5, alpha=0.7), "window": dict(lw=1.5), "fpa": dict(lw=1.5)}
     for j, h in enumerate(heads):
         for r in (r for r in data["runs"] if r["head"] == h):
-            c = colors[r["config"].split("(")[0]]
+            kind = r["config"].split("(")[0]
             s = r["samples"]
-            axs[0, j].plot([x["tokens"] / 1e3 for x in s], [x["bytes_held"] / 1024 for x in s], color=c, label=r["config"])
+            axs[0, j].plot([x["tokens"] / 1e3 for x in s], [x["bytes_held"] / 1024 for x in s], color=colors[kind],
+                           label=r["config"], **style[kind])
             seg = np.linspace(0, data["args"]["tokens"] / 1e3, len(r["accuracy_along"]) + 1)
-            axs[1, j].step(seg[1:], r["accuracy_along"], where="pre", color=c, label=r["config"])
+            axs[1, j].step(seg[1:], r["accuracy_along"], where="pre", color=colors[kind], label=r["config"],
+                           **style[kind])
         axs[0, j].set_yscale("log")
         axs[0, j].set_title(f"{h}: KiB held", fontsize=10)
         axs[1, j].set_title(f"{h}: accuracy per 1/20 of the trace", fontsize=10)
@@ -84,6 +87,7 @@ def plot(data: dict, path: Path) -> None:
             ax.set_xlabel("tokens (thousands)")
             ax.grid(alpha=0.3)
         axs[0, j].legend(fontsize=8)
+        axs[1, j].legend(fontsize=8, loc="lower left")
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
@@ -99,7 +103,7 @@ def main(argv=None) -> None:
     p.add_argument("--window", type=int, default=256, help="sliding-window budget (keys)")
     p.add_argument("--tau", type=float, default=1.0, help="FPAEviction threshold")
     p.add_argument("--chunk", type=int, default=16, help="tokens per decoding call")
-    p.add_argument("--steps", type=int, default=600, help="training steps of the trained heads")
+    p.add_argument("--steps", type=int, default=1000, help="training steps of the trained heads")
     p.add_argument("--heads", nargs="+", default=["constructed walk+offset", "trained walk", "trained walk+offset"])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results")

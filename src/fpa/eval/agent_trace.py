@@ -16,7 +16,7 @@ between; what matters at any moment is the stack of open calls (FPA.md P3). The 
    reads its answer at every position. Recorded along the trace: bytes held, keys held, and
    whether each answer is within the task's tolerance (0.5 / depth).
 
-Accuracy is over the query tokens where the answer is defined (depth > 0), and is also split by
+Accuracy is over the read-out positions where the answer is defined (depth > 0), and is also split by
 whether the oldest open call is older than a window of N tokens.
 """
 
@@ -122,8 +122,9 @@ def make_head(variant: str, dim: int, embed_dim: int, layer_kwargs: dict | None 
 def constructed_offset_head(beta: float = 20.0, content: float = 20.0, offset: float = 1.5) -> OneHotHead:
     """The calls task by construction (cf. fpa.tasks.construct), with the per-token offset: walk
     +1 / -1 / 0 for call / return / other, offset 0 for calls and ``offset`` for every other
-    token, key +1 for calls and -1 else, query ``content`` for query tokens, value = the token's
-    bit. offset > 1 puts every non-call key above the next call's field, so it dips by >= offset - 1
+    token, key +1 for calls and -1 else, query ``content`` for every token (so the answer is read
+    after any token; the newest key, never dipped, is held off by its key if it is not a call),
+    value = the token's bit. offset > 1 puts every non-call key above the next call's field, so it dips by >= offset - 1
     as soon as anything follows it. At a query the live calls get weight 1 each, everything else
     <= e^-min(beta * (offset - 1), 2 content); FPA's rule at any tau < beta * (offset - 1) keeps
     exactly the open calls and the newest key."""
@@ -138,7 +139,7 @@ def constructed_offset_head(beta: float = 20.0, content: float = 20.0, offset: f
     layer.offset_proj.bias.zero_()
     layer.beta_param.fill_(beta + math.log(-math.expm1(-beta)))  # softplus^-1(beta)
     layer.k_proj.weight.copy_(torch.where(kind == 0, 1.0, -1.0)[None])
-    layer.q_proj.weight.copy_(torch.where(kind == 3, content, 0.0)[None])
+    layer.q_proj.weight.fill_(content)
     layer.v_proj.weight.copy_(bit[None])
     layer.o_proj.weight.zero_()
     layer.o_proj.weight[0, 0] = 1.0
@@ -148,8 +149,9 @@ def constructed_offset_head(beta: float = 20.0, content: float = 20.0, offset: f
 @dataclass(frozen=True)
 class Trace:
     """tokens (T,) int64; answer, tolerance (T,) float32 and valid (T,) bool (the per-prefix answer
-    of the calls task); query (T,) bool: query tokens, where answers are read; depth (T,) open
-    calls after each token; oldest (T,) age in tokens of the oldest open call (0 when none)."""
+    of the calls task); query (T,) bool: the read-out positions (every ``query_every``-th token,
+    whatever it is: the heads answer after every prefix); depth (T,) open calls after each token;
+    oldest (T,) age in tokens of the oldest open call (0 when none)."""
 
     tokens: np.ndarray
     answer: np.ndarray
@@ -162,8 +164,9 @@ class Trace:
 
 def make_trace(n_tokens: int, max_depth: int = 6, p_call: float = 0.03, p_return: float = 0.03,
                query_every: int = 64, seed: int = 0) -> Trace:
-    """A calls-task trace of ``n_tokens`` tokens whose depth never exceeds ``max_depth``; every
-    ``query_every``-th token is a query (6/7: "what fraction of the open calls are to tool B?")."""
+    """A calls-task trace of ``n_tokens`` tokens (calls, returns, observations; no query tokens,
+    which training only shows at the end of a sequence) whose depth never exceeds ``max_depth``;
+    answers are read at every ``query_every``-th position."""
     if n_tokens < 1 or max_depth < 1:
         raise ValueError(f"n_tokens and max_depth must be >= 1, got {n_tokens}, {max_depth}")
     if not (0 < p_call < 1 and 0 < p_return < 1 and p_call + p_return < 1):
@@ -181,18 +184,17 @@ def make_trace(n_tokens: int, max_depth: int = 6, p_call: float = 0.03, p_return
         elif u[t] < p_call + p_return and opened:
             tokens[t] = RETURN[bits[t]]
             opened.pop()
-        elif t % query_every == query_every - 1:
-            tokens[t] = 6 + bits[t]
         else:
             tokens[t] = OBS[bits[t]]
         depth[t] = len(opened)
         oldest[t] = t - opened[0] if opened else 0
     answer, tol, valid = CallsTask().prefix_answers(tokens[None])
-    return Trace(tokens, answer[0], tol[0], valid[0], tokens >= 6, depth, oldest)
+    query = np.arange(n_tokens) % query_every == query_every - 1
+    return Trace(tokens, answer[0], tol[0], valid[0], query, depth, oldest)
 
 
 def train_walk_head(steps: int = 600, batch: int = 32, dim: int = 16, m_max: int = 6, obs_weight: float = 3.0,
-                    length_factor: int = 3, lr: float = 3e-2, seed: int = 0, variant: str = "walk",
+                    length_factor: int = 3, lr: float = 1e-2, seed: int = 0, variant: str = "walk",
                     layer_kwargs: dict | None = None) -> tuple[PackedModels, list[float]]:
     """A one-layer one-head fpa_walk model trained on calls sequences (depth at the end m in
     1..m_max, ``obs_weight`` observations per push or pop, length (m + 16) * length_factor), dense
