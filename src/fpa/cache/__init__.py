@@ -24,10 +24,12 @@ field history (B, Hq, T) float32 of FPA/FoX layers for that, counted in ``bytes_
 The policy runs after every forward call (each prefill chunk, each decode step), so a prompt
 prefilled in chunks never holds more than budget + chunk keys per head (keys held; the allocated
 slots may exceed that by the compaction slack, see fpa.cache.storage). Each (row, KV head) keeps
-its own number of keys: storage is padded per head to the largest count in the layer, evicted
-slots become padding at once and are freed by a compaction once the padding common to all heads
-reaches 1/8 of the slots (at least 16). Padding never changes outputs (tested against the
-full cache and against dense attention over exactly the kept keys).
+its own number of keys in its own blocks of a shared pool (paged storage, fpa.cache.storage):
+evicted slots become holes, a row is compacted once its holes reach max(block, 5% of its keys),
+freed blocks are reused, so bytes held <= 1.15 x the kept keys' bytes + 3 blocks per row. The
+attention reads the pool block by block (fpa.cache.paged); holes never change outputs (tested
+against the full forward and against dense attention over exactly the kept keys). docs/cache.md
+has the layout and the measured figures.
 
 Walk mode: with threshold 0 the rule is exactly P3's stack pop (tested against a list
 simulation); with threshold > 0 the same rule is applied as is, which can drop a key below the
