@@ -48,7 +48,7 @@ def test_token_offset_walk_decodes_like_its_full_forward():
     with torch.no_grad():
         full = layer(x)
         parts = [layer(x[:, a:b], cache.layer(0)) for a, b in ((0, 7), (7, 8), (8, 20))]
-    # measured worst |difference| 1.5e-7; tolerance 1e-5
+    # measured worst |difference| 1.8e-7; tolerance 1e-5 (55x margin)
     torch.testing.assert_close(torch.cat(parts, 1), full, atol=1e-5, rtol=0)
 
 
