@@ -8,7 +8,7 @@ import pytest
 
 from fpa.data import ByteTokenizer
 from fpa.models import FPAConfig
-from fpa.models.configuration_fpa import FIELDS, PRESETS
+from fpa.models.configuration_fpa import FIELDS, FPA_PARAMETRISATION_CURRENT, FPA_PARAMETRISATION_LEGACY, PRESETS
 from fpa.train import TrainConfig
 
 BAD = {  # kind / rule -> bad values
@@ -24,7 +24,9 @@ BAD = {  # kind / rule -> bad values
 def _bad_values(name: str) -> list:
     kind, rule = FIELDS[name]
     vals = BAD[(kind, rule)] if kind == "real" else BAD[kind]
-    return [v for v in vals if not (name == "num_key_value_heads" and v is None)]  # None: = num_attention_heads
+    # None means a default: num_key_value_heads = num_attention_heads; the parametrisation keys
+    # (FPA_PARAMETRISATION_CURRENT, or _LEGACY for a config.json that predates them)
+    return [v for v in vals if not ((name == "num_key_value_heads" or name in FPA_PARAMETRISATION_CURRENT) and v is None)]
 
 
 def test_every_field_is_covered():
@@ -107,3 +109,23 @@ def test_train_config_checks_model_overrides(over, words):
 def test_train_config_checks_model_choices(kw, words):
     with pytest.raises(ValueError, match=words):
         TrainConfig(out_dir="x", **kw)
+
+
+def test_parametrisation_defaults_new_config_and_legacy_config_json(tmp_path):
+    import json
+
+    new = FPAConfig(attention="fpa", fpa_mode="walk")
+    assert {k: getattr(new, k) for k in FPA_PARAMETRISATION_CURRENT} == FPA_PARAMETRISATION_CURRENT
+    new.save_pretrained(tmp_path / "new")
+    again = FPAConfig.from_pretrained(tmp_path / "new")
+    assert {k: getattr(again, k) for k in FPA_PARAMETRISATION_CURRENT} == FPA_PARAMETRISATION_CURRENT
+    # a config.json written before the keys existed: the parametrisation it was trained with
+    d = json.loads((tmp_path / "new" / "config.json").read_text())
+    for k in FPA_PARAMETRISATION_CURRENT:
+        d.pop(k)
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "config.json").write_text(json.dumps(d))
+    old = FPAConfig.from_pretrained(tmp_path / "old")
+    assert {k: getattr(old, k) for k in FPA_PARAMETRISATION_LEGACY} == FPA_PARAMETRISATION_LEGACY
+    kw = old.attention_kwargs()
+    assert (kw["walk_increment"], kw["beta_activation"], kw["walk_bias_init"]) == ("linear", "softplus", 0.0)

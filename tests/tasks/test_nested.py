@@ -141,6 +141,20 @@ def test_prefix_answers_match_simulation(task, seed, m, factor):
     np.testing.assert_array_equal(ans2[:, 0], ans)
 
 
-def test_scope_has_no_prefix_answers():
+def test_scope_prefix_answers_match_the_simulation_at_every_print():
+    """Every print of an open variable along the sequence is supervised with the simulated answer."""
     t = get_task("scope")
-    assert t.prefix_answers(t.sample(np.random.default_rng(0), 2, 2).tokens) is None
+    for m, factor in ((1, 1), (3, 4), (8, 1)):
+        b = t.sample(np.random.default_rng(m), 40, m, factor)
+        ans, tol, valid = t.prefix_answers(b.tokens)
+        assert valid[:, -1].all() and np.allclose(ans[:, -1], b.answer)
+        inner = 0
+        for i in range(len(b.tokens)):
+            for pos in np.flatnonzero(b.tokens[i] >= ScopeTask.PRINT):
+                _, answer, _ = simulate_scope(b.tokens[i][: pos + 1])
+                assert valid[i, pos] and ans[i, pos] == pytest.approx(answer)
+                inner += pos < len(b.tokens[i]) - 1
+        assert inner > 0  # prints along the sequence, not only at the end
+        assert np.all(tol == pytest.approx(0.5 / 3)) and not valid[b.tokens < ScopeTask.PRINT].any()
+
+

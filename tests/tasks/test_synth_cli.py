@@ -36,6 +36,9 @@ def test_tiny_run_writes_files(tmp_path):
     (["--preset", "huge"], "argument --preset: invalid choice: 'huge'"),  # argparse choices (shown in --help)
     (["--recipe", "fast"], "argument --recipe: invalid choice: 'fast'"),
     (["--batch", "0"], "--steps and --batch must be >= 1"),
+    (["--seeds", "5-3"], "--seeds must be comma-separated integers or ranges a-b"),
+    (["--seeds", "0-2,2"], "--seeds lists a value twice"),
+    (["--seeds", "-1"], "--seeds must be comma-separated integers or ranges"),
 ])
 def test_bad_arguments(tmp_path, capsys, args, match):
     base = {"--task": "stack", "--methods": "fox", "--dims": "1", "--ms": "2", "--seeds": "0", "--steps": "1"}
@@ -44,3 +47,27 @@ def test_bad_arguments(tmp_path, capsys, args, match):
     argv = ["synth", "--out", str(tmp_path)] + [x for kv in base.items() for x in kv]
     assert main(argv) == 2
     assert re.search(match, capsys.readouterr().err)
+
+
+def test_seed_ranges_and_determinism(tmp_path):
+    """--seeds 3-4 means seeds 3 and 4, and the same command gives the same records twice."""
+    def run(name):
+        out = tmp_path / name
+        assert main(["synth", "--task", "stack", "--methods", "fpa_walk", "--dims", "1", "--ms", "2",
+                     "--seeds", "3-4", "--steps", "5", "--no-progress", "--out", str(out)]) == 0
+        return json.loads((out / "results.json").read_text())
+
+    a, b = run("a"), run("b")
+    assert a["meta"]["seeds"] == [3, 4] and [r["seed"] for r in a["records"]] == [3, 4]
+    assert a["records"] == b["records"]
+
+
+def test_merge_writes_split_runs_as_one(tmp_path):
+    base = ["synth", "--task", "stack", "--dims", "1", "--ms", "2", "--seeds", "0", "--steps", "2", "--no-progress"]
+    assert main(base + ["--methods", "fox", "--out", str(tmp_path / "a")]) == 0
+    assert main(base + ["--methods", "fpa_walk", "--out", str(tmp_path / "b")]) == 0
+    assert main(["synth", "--merge", f"{tmp_path / 'a'},{tmp_path / 'b'}", "--out", str(tmp_path / "m")]) == 0
+    recs = json.loads((tmp_path / "m" / "results.json").read_text())["records"]
+    assert sorted(r["method"] for r in recs) == ["fox", "fpa_walk"]
+    assert (tmp_path / "m" / "heatmap_stack.png").stat().st_size > 0
+    assert main(["synth", "--merge", f"{tmp_path / 'a'},{tmp_path / 'a'}", "--out", str(tmp_path / "x")]) == 2

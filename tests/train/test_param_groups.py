@@ -20,7 +20,8 @@ def _model(attention="fpa", mode="walk", **kw):
 
 @pytest.mark.parametrize("mode, heads", [("walk", ("increment_proj",)), ("free", ("field_proj", "level_proj"))])
 def test_field_parameters_get_the_multiplier(mode, heads):
-    model = _model(mode=mode)
+    assert {g["lr_multiplier"] for g in parameter_groups(_model(mode=mode), 0.1)} == {1.0}  # the default
+    model = _model(mode=mode, fpa_field_lr_multiplier=0.1)
     groups = parameter_groups(model, weight_decay=0.1)
     by_id = {id(p): g for g in groups for p in g["params"]}
     assert sum(len(g["params"]) for g in groups) == len(list(model.parameters()))
@@ -48,8 +49,10 @@ def test_trainer_applies_the_multiplier_per_group(tiny_cfg, monkeypatch):
         return orig(self, *a, **kw)
 
     monkeypatch.setattr(torch.optim.AdamW, "step", spy)
-    train(tiny_cfg(attention="fpa", fpa_mode="walk", steps=3, warmup_steps=1, seq_len=128,
-                   eval_every=3))
+    from tests.train.conftest import TINY_MODEL
+
+    train(tiny_cfg(attention="fpa", fpa_mode="walk", steps=3, warmup_steps=1, seq_len=128, eval_every=3,
+                   model_overrides={**TINY_MODEL, "fpa_field_lr_multiplier": 0.1}))
     for pairs in seen:
         (m_field, lr_field), (m_rest, lr_rest) = pairs
         assert (m_field, m_rest) == (0.1, 1.0) and lr_field == pytest.approx(0.1 * lr_rest)

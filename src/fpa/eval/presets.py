@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from fpa.models.configuration_fpa import FPA_PARAMETRISATION_LEGACY
+
 # (name, attention, fpa_mode): the five methods, trained with identical budgets.
 METHODS = (
     ("fpa-free", "fpa", "free"),
@@ -14,18 +16,19 @@ METHODS = (
 )
 
 # Ablations and variants, on ``ablation_seeds``: (name, attention, fpa_mode, model overrides,
-# training overrides, cache curves?). The -lr1 ablations train FPA's field heads and beta at the
-# full learning rate (no multiplier). The other variants try to push FPA's own eviction rule below
-# its floor (one global head per layer keeps every key live): a stronger initial penalty, a
-# learned level offset per head in walk mode, and a regulariser on the soft live fraction.
+# training overrides, cache curves?). The -legacy ablations train FPA with the parametrisation
+# that was the default until 2026-12-03 (linear walk increments, bias 0, softplus beta, field
+# heads at 0.1x the learning rate; FPA_PARAMETRISATION_LEGACY). The other variants try to push
+# FPA's own eviction rule below its floor (one global head per layer keeps every key live): a
+# stronger initial penalty, a learned level offset per head in walk mode, and a regulariser on
+# the soft live fraction.
 ABLATIONS = (
-    ("fpa-walk-lr1", "fpa", "walk", {"fpa_field_lr_multiplier": 1.0}, {}, False),
-    ("fpa-free-lr1", "fpa", "free", {"fpa_field_lr_multiplier": 1.0}, {}, False),
+    ("fpa-walk-legacy", "fpa", "walk", dict(FPA_PARAMETRISATION_LEGACY), {}, True),
+    ("fpa-free-legacy", "fpa", "free", dict(FPA_PARAMETRISATION_LEGACY), {}, False),
     ("fpa-walk-beta2", "fpa", "walk", {"fpa_beta_init": 2.0}, {}, True),
     ("fpa-walk-offset", "fpa", "walk", {"fpa_level_offset": True}, {}, True),
     ("fpa-walk-livereg", "fpa", "walk", {}, {"live_reg": 0.1, "live_reg_tau": 16.0}, True),
 )
-
 
 @dataclass(frozen=True)
 class ReproducePreset:
@@ -99,9 +102,9 @@ PRESETS = {
         model_overrides=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                              num_key_value_heads=2, intermediate_size=64)),
     # 2 CPU cores, about 60 minutes with --jobs 2 (docs/reproduce.md). The recipe that learns the
-    # passkey on a CPU: short training sequences (128 bytes) in large batches (32), 2 layers, and
-    # FPA's default field learning-rate multiplier (0.1). 3 seeds; the ablation without the
-    # multiplier on seed 0. Evaluation: 1x..16x, 5 needle depths; cache curves at 8x and 16x.
+    # passkey on a CPU: short training sequences (128 bytes) in large batches (32), 2 layers.
+    # 3 seeds; the ablations (e.g. FPA's legacy parametrisation) on seed 0. Evaluation: 1x..16x,
+    # 5 needle depths; cache curves at 8x and 16x.
     "cpu": ReproducePreset(
         name="cpu", train_len=128, steps=1000, batch_size=32, lr=3e-3, warmup_steps=50, mix_rate=0.5,
         corpus_max_bytes=20_000_000, loss_multiple=8, loss_windows=16, passkey_multiples=(1, 2, 4, 8, 16),

@@ -21,6 +21,8 @@ from fpa.ops import first_passage_attention, forgetting_attention
 
 ATTENTION_TYPES = ("fpa", "fox", "softmax_rope", "softmax_alibi", "softmax_nope")
 FPA_MODES = ("free", "walk")
+WALK_INCREMENTS = ("linear", "tanh", "gated")
+BETA_ACTIVATIONS = ("softplus", "exp")
 
 
 class RMSNorm(nn.Module):
@@ -149,31 +151,42 @@ class FirstPassageAttention(AttentionBase):
     """First Passage Attention layer.
 
     mode="free": field and level are separate linear heads of the hidden state (one scalar per
-    head and position). mode="walk": field = walk(increments) with increments a linear head
-    (signed), and level = field (+ a learned per-head offset if ``level_offset=True``).
-    The penalty strength is beta_h = softplus(beta_param_h).
+    head and position). mode="walk": field = walk(increments), level = field (+ a learned
+    per-head offset if ``level_offset=True``); each increment is ``tanh(w x + b)`` (default,
+    ``walk_increment="tanh"``: steps in (-1, 1), so saturated push and pop steps cancel) or the
+    unbounded ``w x + b`` (``"linear"``). The penalty strength is beta_h = exp(beta_param_h)
+    (default ``beta_activation="exp"``: Adam grows it by a factor per step, not a constant) or
+    softplus(beta_param_h); either way beta starts at softplus(beta_init) (0.69 for 0).
 
-    At initialisation the field/level (or increment) heads have weights ~ N(0, field_init_std^2)
-    and zero bias, so field and level are small (|.| ~ field_init_std * ||x||) and the penalties
-    dip(i, j) are small: the layer starts close to causal softmax attention without positional
-    encoding, with beta = softplus(beta_init) (0.69 for beta_init = 0) and the level offset 0.
+    Initialisation: field/level/increment weights ~ N(0, field_init_std^2), biases
+    ``walk_bias_init`` (increment, default 0) and 0 (free heads), so the layer starts close to
+    causal softmax without positional encoding. A walk whose increments are all >= 0 never dips
+    and gets no gradient through the dips; ``walk_bias_init < 0`` starts the walk as a decay and
+    keeps one-layer heads out of that dead zone, but its initial recency bias (beta * tanh(|b|)
+    per token) stopped a language model from learning long-range retrieval (docs/synthetic.md
+    has both measurements; ``fpa.tasks.diagnostic`` reruns the synthetic one).
 
-    ``field_lr_multiplier`` (default 0.1) is part of the layer's definition: the field heads, the
-    level offset and beta (``field_parameters()``) train at that multiple of the learning rate.
-    Under Adam every parameter moves about lr per step whatever its gradient's size, so at the
-    full rate the per-token increments of a walk grow to +-0.6 within a few hundred steps: a
-    noisy field whose dips swamp attention before the model has learned what to forget (FoX's
-    gate, sigmoid(w x + 5), moves about 150x slower in logit terms). ``fpa.train.parameter_groups``
-    (used by ``fpa train``) builds the optimizer groups; use it in your own training loop too.
+    ``field_lr_multiplier`` (default 1.0): the field heads, the level offset and beta
+    (``field_parameters()``) train at that multiple of the learning rate
+    (``fpa.train.parameter_groups``, used by ``fpa train``; use it in your own loop too). 0.1 was
+    the default of the linear, softplus parametrisation, whose unbounded increments grew noisy
+    at the full rate (``fpa.models.configuration_fpa.FPA_PARAMETRISATION_LEGACY``).
     """
 
     def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int | None = None,
                  mode: str = "free", qk_norm: bool = False, output_gate: bool = False,
                  head_dim: int | None = None, level_offset: bool = False, beta_init: float = 0.0,
-                 field_init_std: float = 0.02, field_lr_multiplier: float = 0.1, backend: str = "auto"):
+                 field_init_std: float = 0.02, field_lr_multiplier: float = 1.0, backend: str = "auto",
+                 walk_increment: str = "tanh", walk_bias_init: float = 0.0, beta_activation: str = "exp"):
         super().__init__(hidden_size, num_heads, num_kv_heads, head_dim, qk_norm, output_gate)
         if mode not in FPA_MODES:
             raise ValueError(f"mode must be one of {FPA_MODES}, got {mode!r}")
+        if walk_increment not in WALK_INCREMENTS:
+            raise ValueError(f"walk_increment must be one of {WALK_INCREMENTS}, got {walk_increment!r}")
+        self.walk_increment = walk_increment
+        if beta_activation not in BETA_ACTIVATIONS:
+            raise ValueError(f"beta_activation must be one of {BETA_ACTIVATIONS}, got {beta_activation!r}")
+        self.beta_activation = beta_activation
         if not isinstance(field_lr_multiplier, (int, float)) or isinstance(field_lr_multiplier, bool) \
                 or not 0 < field_lr_multiplier <= 1e3:
             raise ValueError(f"field_lr_multiplier must be a number in (0, 1000], got {field_lr_multiplier!r}")
@@ -186,20 +199,38 @@ class FirstPassageAttention(AttentionBase):
         else:
             self.increment_proj = nn.Linear(hidden_size, num_heads)
             heads = (self.increment_proj,)
+            if walk_increment == "gated":  # tanh(a) * sigmoid(g): saturates at -1, 0 and +1
+                self.increment_gate_proj = nn.Linear(hidden_size, num_heads)
+                heads += (self.increment_gate_proj,)
         for lin in heads:
             nn.init.normal_(lin.weight, std=field_init_std)
             nn.init.zeros_(lin.bias)
+        if mode == "walk":
+            nn.init.constant_(self.increment_proj.bias, float(walk_bias_init))
         self.level_offset = nn.Parameter(torch.zeros(num_heads)) if (mode == "walk" and level_offset) else None
-        self.beta_param = nn.Parameter(torch.full((num_heads,), float(beta_init)))
+        beta0 = float(beta_init)
+        if beta_activation == "exp":  # the same initial beta, softplus(beta_init), in log space (no tensor: meta init)
+            beta0 = math.log(max(beta0, 0.0) + math.log1p(math.exp(-abs(beta0))))
+        self.beta_param = nn.Parameter(torch.full((num_heads,), beta0))
 
     @property
     def beta(self) -> Tensor:
-        return F.softplus(self.beta_param)
+        return F.softplus(self.beta_param) if self.beta_activation == "softplus" else torch.exp(self.beta_param)
+
+    @torch.no_grad()
+    def set_beta_(self, beta: float | Tensor) -> None:
+        """Set beta (a positive number, or one per head (H,)) through the layer's activation."""
+        b = torch.as_tensor(beta, dtype=self.beta_param.dtype).expand_as(self.beta_param)
+        if not bool((b > 0).all()):
+            raise ValueError(f"beta must be > 0, got {beta!r}")
+        self.beta_param.copy_(torch.log(torch.expm1(b)) if self.beta_activation == "softplus" else torch.log(b))
 
     def field_parameters(self) -> list[nn.Parameter]:
         """The parameters that train at ``field_lr_multiplier`` x the learning rate: the field /
         level (free) or increment (walk) heads, the level offset and beta."""
         heads = (self.field_proj, self.level_proj) if self.mode == "free" else (self.increment_proj,)
+        if self.walk_increment == "gated" and self.mode == "walk":
+            heads += (self.increment_gate_proj,)
         extra = [self.beta_param] + ([self.level_offset] if self.level_offset is not None else [])
         return [p for lin in heads for p in lin.parameters()] + extra
 
@@ -216,6 +247,10 @@ class FirstPassageAttention(AttentionBase):
             field, level = self._per_head(self.field_proj, x), self._per_head(self.level_proj, x)
             return _pad_out(field, level, mask)
         inc = self._per_head(self.increment_proj, x)
+        if self.walk_increment == "tanh":
+            inc = torch.tanh(inc)
+        elif self.walk_increment == "gated":
+            inc = torch.tanh(inc) * torch.sigmoid(self._per_head(self.increment_gate_proj, x))
         if mask is not None:
             inc = inc.masked_fill(~mask[:, None, :], 0.0)
         field = _continue_walk(inc, state)

@@ -37,7 +37,7 @@ class TrainConfig:
     ``RECIPES["legacy"]`` is the first protocol: final-query loss, constant lr 1e-2, 400 x 32.
     """
 
-    steps: int = 800
+    steps: int = 1600
     batch: int = 16
     lr: float = 3e-2
     embed_dim: int = 16
@@ -50,7 +50,7 @@ class TrainConfig:
 
 
 RECIPES: dict[str, dict] = {
-    "dense": dict(steps=800, batch=16, lr=3e-2, dense=True, schedule="cosine", warmup=40, clip=1.0),
+    "dense": dict(steps=1600, batch=16, lr=3e-2, dense=True, schedule="cosine", warmup=40, clip=1.0),
     "legacy": dict(steps=400, batch=32, lr=1e-2, dense=False, schedule="constant", warmup=0, clip=0.0),
 }
 
@@ -108,14 +108,15 @@ def evaluate(model: PackedModels, data: TaskBatch, chunk: int = 32) -> tuple[np.
 
 
 def train_cell(task: str, method: str, dim: int, m: int, seeds: tuple[int, ...], cfg: TrainConfig,
-               data: CellData | None = None) -> list[dict]:
-    """Train and evaluate one model per seed; one record per seed (see module docstring)."""
+               data: CellData | None = None, layer_kwargs: dict | None = None) -> list[dict]:
+    """Train and evaluate one model per seed; one record per seed (see module docstring).
+    ``layer_kwargs`` override the method's attention-layer arguments (parametrisation variants)."""
     check_method(method)
     data = make_cell_data(task, m, seeds, cfg) if data is None else data
     gen_seed = int(np.random.default_rng([dim, m, *seeds, sum(map(ord, method))]).integers(2**31))
     torch.manual_seed(gen_seed)
     task_obj = get_task(task)
-    model = PackedModels(method, len(seeds), task_obj.vocab_size, dim, cfg.embed_dim)
+    model = PackedModels(method, len(seeds), task_obj.vocab_size, dim, cfg.embed_dim, layer_kwargs)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(cfg, step))
     dense = task_obj.prefix_answers(data.train.tokens) if cfg.dense else None

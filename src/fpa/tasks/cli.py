@@ -18,7 +18,7 @@ ALL_METHODS = "fpa_free,fpa_walk,fox,softmax_alibi,softmax_rope,softmax_nope"
 PRESETS = {
     "quick": dict(task="stack,scope,calls", methods=ALL_METHODS, dims="1,8", ms="4", seeds="0,1,2",
                   construct_n=1000),
-    "full": dict(task="stack", methods=ALL_METHODS, dims="1,2,4,8,16,32", ms="1,2,4,8,16,32",
+    "full": dict(task="stack,scope,calls", methods=ALL_METHODS, dims="1,2,4,8,16,32", ms="1,2,4,8,16,32",
                  seeds="0,1,2,3,4", construct_n=1000),
 }
 
@@ -26,12 +26,25 @@ DEFAULTS = dict(methods=ALL_METHODS, construct_n=0)  # without --preset
 
 
 def _ints(name: str, text: str, minimum: int) -> list[int]:
+    """Comma-separated integers and inclusive ranges: "0,1,2", "0-4", "10-14,20"."""
+    vals: list[int] = []
     try:
-        vals = [int(v) for v in text.split(",") if v.strip()]
+        for part in (v.strip() for v in text.split(",")):
+            if not part:
+                continue
+            lo, sep, hi = part.partition("-")
+            if sep and lo:
+                if int(hi) < int(lo):
+                    raise ValueError
+                vals += range(int(lo), int(hi) + 1)
+            else:
+                vals.append(int(part))
     except ValueError:
-        raise ValueError(f"--{name} must be comma-separated integers, got {text!r}") from None
+        raise ValueError(f"--{name} must be comma-separated integers or ranges a-b (a <= b), got {text!r}") from None
     if not vals or min(vals) < minimum:
-        raise ValueError(f"--{name} must be comma-separated integers >= {minimum}, got {text!r}")
+        raise ValueError(f"--{name} must be comma-separated integers or ranges a-b, each >= {minimum}, got {text!r}")
+    if len(set(vals)) != len(vals):
+        raise ValueError(f"--{name} lists a value twice: {text!r}")
     return vals
 
 
@@ -67,6 +80,8 @@ def _synth(args: argparse.Namespace) -> int:
     from fpa.tasks.nested import TASKS
     from fpa.tasks.packed import METHODS
 
+    if args.merge:
+        return _merge(args)
     o = _resolve(args)
     tasks = _names("task", o["task"], TASKS)
     methods = _names("methods", o["methods"], METHODS)
@@ -132,16 +147,41 @@ def _run(args, o, tasks, methods, dims, ms, seeds, recipe, out) -> int:
     return 0
 
 
+def _merge(args: argparse.Namespace) -> int:
+    """Write the records of several run folders (a grid split across processes) as one run."""
+    import json
+    from pathlib import Path
+
+    from fpa.cli import writable_dir
+    from fpa.tasks.report import write_all
+
+    dirs = [Path(d.strip()) for d in args.merge.split(",") if d.strip()]
+    missing = [str(d) for d in dirs if not (d / "results.json").is_file()]
+    if not dirs or missing:
+        raise ValueError(f"--merge must list run folders that hold results.json; missing: {missing or args.merge!r}")
+    writable_dir(args.out, "--out")
+    runs = [json.loads((d / "results.json").read_text()) for d in dirs]
+    records = [r for run in runs for r in run["records"]]
+    seen = {(r["task"], r["method"], r["dim"], r["m"], r["seed"]) for r in records}
+    if len(seen) != len(records):
+        raise ValueError("--merge: the folders hold the same (task, method, d, m, seed) run twice")
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    meta = dict(merged_from=[str(d) for d in dirs], parts=[run["meta"] for run in runs])
+    files = write_all(records, Path(args.out), meta)
+    print(f"merged {len(records)} runs from {len(dirs)} folders; wrote " + ", ".join(str(f) for f in files))
+    return 0
+
+
 def add_parser(sub) -> None:
     p = sub.add_parser("synth", help="nested-structure tasks: capacity experiment and constructive check")
     p.add_argument("--task", help="comma-separated tasks: stack, scope, calls")
     p.add_argument("--methods", help=f"comma-separated subset of {ALL_METHODS}")
     p.add_argument("--dims", help="comma-separated head dimensions d >= 1")
     p.add_argument("--ms", help="comma-separated numbers of live target keys / depths m >= 1")
-    p.add_argument("--seeds", help="comma-separated integer seeds >= 0")
+    p.add_argument("--seeds", help="integer seeds >= 0: a comma list and/or ranges, e.g. 0-4 or 10-14,20")
     p.add_argument("--recipe", default="dense", choices=("dense", "legacy"),
                    help="training recipe, the same for every method: dense (default: loss at every position "
-                        "with a defined answer, 800 x 16, lr 3e-2, warm-up + cosine, per-model clip 1) or "
+                        "with a defined answer, 1600 x 16, lr 3e-2, warm-up + cosine, per-model clip 1) or "
                         "legacy (final-query loss, 400 x 32, constant lr 1e-2)")
     p.add_argument("--steps", type=int, help="training steps per run (default: the recipe's)")
     p.add_argument("--batch", type=int, help="sequences per step and seed (default: the recipe's)")
@@ -151,5 +191,6 @@ def add_parser(sub) -> None:
     p.add_argument("--preset", choices=tuple(PRESETS), help="defaults for every option not given")
     p.add_argument("--threads", type=int, default=1, help="torch threads (>= 1)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--merge", help="comma list of run folders: write their records together to --out, no training")
     p.add_argument("--out", required=True, help="output folder (removed again if this run made it and fails)")
     p.set_defaults(func=_synth)

@@ -55,10 +55,10 @@ def constructed_head(task: str, beta: float = 40.0, content: float = 20.0) -> Fi
     """The FPA walk head (hidden = vocabulary size, head_dim 1) realising ``task``'s target sets."""
     table = torch.from_numpy(token_table(task))
     V = table.shape[0]
-    layer = make_attention("fpa", V, 1, head_dim=1, fpa_mode="walk")
+    layer = make_attention("fpa", V, 1, head_dim=1, fpa_mode="walk", walk_increment="linear")  # field = depth
     layer.increment_proj.weight.copy_(table[:, 0][None])
     layer.increment_proj.bias.zero_()
-    layer.beta_param.fill_(beta + float(np.log(-np.expm1(-beta))))  # softplus^-1(beta)
+    layer.set_beta_(beta)
     layer.k_proj.weight.copy_(table[:, 1][None])
     layer.q_proj.weight.copy_(content * table[:, 2][None])
     layer.v_proj.weight.copy_(table[:, 3][None])

@@ -26,8 +26,8 @@ Tasks (m = the structural size at the query, see each class):
 
 Dense supervision (``Task.prefix_answers``): for ``stack`` and ``calls`` the answer is defined after
 every token (the live stack of that prefix; undefined while the stack is empty), so every position
-can be supervised, not only the final query. ``scope`` has no per-prefix answer (the query names the
-variable) and is supervised at the final query only.
+can be supervised, not only the final query. In ``scope`` only a ``print`` asks a question (it names
+the variable), so prints of open variables also appear along the sequence and each is supervised.
 
 Generation is vectorised over the batch and deterministic given the numpy Generator.
 """
@@ -214,7 +214,9 @@ class CallsTask(Task):
 
 class ScopeTask(Task):
     """Tokens: 0 = ``{``, 1 = ``}``, 2 = ``;``, 3 + 4 * var + value = ``var = value`` (2 vars, 4 values),
-    11 + var = ``print var``. m = block depth at the query.
+    11 + var = ``print var``. m = block depth at the final query. ``print`` of an open variable
+    also appears along the sequence (a third of the statements that are not declarations), so
+    every print is a supervised position (``prefix_answers``), as every position is in stack.
     """
 
     name, vocab_size, other_weight = "scope", 13, 1.0
@@ -242,6 +244,10 @@ class ScopeTask(Task):
             live_decl[w, var[w]] = t
             decl_depth[w, var[w]] = depth[w]
             value[w, var[w]] = val[w]
+            # a third of the other statements print an open variable: answers along the sequence
+            ask = (ops[:, t] == OTHER) & ~want & (~free).any(1) & (rng.random(n) < 1 / 3)
+            pvar = (rng.random((n, self.n_vars)) * ~free).argmax(1)
+            tok[rows[ask], t] = self.PRINT + pvar[ask]
         has = live_decl >= 0
         r = rng.random((n, self.n_vars)) * has
         qvar = r.argmax(1)
@@ -257,6 +263,34 @@ class ScopeTask(Task):
                          (batch.answer, sub.answer), (batch.tolerance, sub.tolerance)):
                 a[~ok] = b
         return batch
+
+    def prefix_answers(self, tokens):
+        """Answer (value / 3 of the open declaration of the printed variable) at every ``print``
+        whose variable is open; tolerance 0.5 / 3; valid only there."""
+        shape = tokens.shape
+        tok = tokens.reshape(-1, shape[-1])
+        n, T = tok.shape
+        value = np.full((n, self.n_vars), -1, dtype=np.int64)  # -1: no open declaration
+        decl_depth = np.zeros((n, self.n_vars), dtype=np.int64)
+        depth = np.zeros(n, dtype=np.int64)
+        rows = np.arange(n)
+        answer = np.zeros((n, T), dtype=np.float32)
+        valid = np.zeros((n, T), dtype=bool)
+        for t in range(T):
+            x = tok[:, t]
+            close = (x == self.CLOSE)[:, None] & (decl_depth == depth[:, None])
+            value[close] = -1
+            depth += (x == self.OPEN).astype(np.int64) - (x == self.CLOSE)
+            decl = (x >= self.DECL) & (x < self.PRINT)
+            var, val = np.divmod(np.where(decl, x - self.DECL, 0), self.n_values)
+            value[rows[decl], var[decl]] = val[decl]
+            decl_depth[rows[decl], var[decl]] = depth[decl]
+            pr = x >= self.PRINT
+            seen = value[rows, np.where(pr, x - self.PRINT, 0)]
+            valid[:, t] = pr & (seen >= 0)
+            answer[:, t] = np.where(valid[:, t], seen / (self.n_values - 1), 0.0)
+        tol = np.full((n, T), 0.5 / (self.n_values - 1), dtype=np.float32)
+        return answer.reshape(shape), tol.reshape(shape), valid.reshape(shape)
 
 
 TASKS: dict[str, Task] = {t.name: t for t in (StackTask(), ScopeTask(), CallsTask())}

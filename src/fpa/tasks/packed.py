@@ -49,9 +49,11 @@ def block_diagonal_(lin: nn.Linear, n: int, rescale: bool) -> None:
 
 
 class PackedModels(nn.Module):
-    """``n_models`` independent one-head models of one method. tokens (B, S, T) -> prediction (B, S)."""
+    """``n_models`` independent one-head models of one method. tokens (B, S, T) -> prediction (B, S).
+    ``layer_kwargs`` override the method's ``make_attention`` keyword arguments."""
 
-    def __init__(self, method: str, n_models: int, vocab_size: int, dim: int, embed_dim: int = 16):
+    def __init__(self, method: str, n_models: int, vocab_size: int, dim: int, embed_dim: int = 16,
+                 layer_kwargs: dict | None = None):
         super().__init__()
         check_method(method)
         if dim < 1:
@@ -59,6 +61,7 @@ class PackedModels(nn.Module):
         if n_models < 1:
             raise ValueError(f"n_models must be >= 1, got {n_models}")
         attention, kw = METHODS[method]
+        kw = {**kw, **(layer_kwargs or {})}  # e.g. FPA parametrisation variants (fpa.tasks.diagnostic)
         S, E = n_models, embed_dim
         self.n_models, self.embed_dim = S, E
         self.embed = nn.Parameter(torch.randn(S, vocab_size, E))

@@ -58,6 +58,14 @@ def success_grid(records: list[dict], task: str, method: str, dims: list, ms: li
     return rate, mass_min, mass_mean
 
 
+def success_at_1x(r: dict) -> bool:
+    """Target mass and accuracy >= 0.99 on the training-length held-out set alone."""
+    from fpa.tasks.capacity import ACC_TARGET, MASS_TARGET
+
+    one = r["per_length"]["1x"]
+    return bool(one["target_mass"] >= MASS_TARGET and one["accuracy"] >= ACC_TARGET)
+
+
 def markdown_table(records: list[dict]) -> str:
     """Per task: rows (method, d), columns m; cells 'successes/seeds (mean target mass, mean accuracy)'."""
     tasks, methods, dims, ms = _axes(records)
@@ -80,9 +88,11 @@ def markdown_table(records: list[dict]) -> str:
                 if any(cells):
                     lines.append(f"| {method} | {d} | " + " | ".join(cells) + " |")
         lines.append("")
-        total = {meth: [r["success"] for r in records if r["task"] == task and r["method"] == meth] for meth in methods}
-        lines += ["| method | successful runs |", "|---|---|"]
-        lines += [f"| {meth} | {sum(v)}/{len(v)} |" for meth, v in total.items() if v]
+        lines += ["| method | success at 1x | success at 1x and 4x |", "|---|---|---|"]
+        for meth in methods:
+            rs = [r for r in records if r["task"] == task and r["method"] == meth]
+            if rs:
+                lines.append(f"| {meth} | {sum(map(success_at_1x, rs))}/{len(rs)} | {sum(r['success'] for r in rs)}/{len(rs)} |")
         lines.append("")
     lines.append("Cells: successful seeds / seeds (mean over seeds of target mass, of accuracy; each the min over "
                  "the 1x and 4x held-out sets).")
@@ -90,15 +100,18 @@ def markdown_table(records: list[dict]) -> str:
 
 
 def plot_heatmaps(records: list[dict], out: Path) -> list[Path]:
-    """One PNG per task: a d x m success-rate heatmap per method."""
+    """One PNG per task: a d x m success-rate heatmap per method (cell text: success rate over
+    seeds, then mean target mass), one shared colour bar."""
     plt = _pyplot()
     tasks, methods, dims, ms = _axes(records)
     paths = []
     for task in tasks:
-        fig, axs = plt.subplots(1, len(methods), figsize=(3.2 * len(methods), 3.2), squeeze=False)
-        for ax, method in zip(axs[0], methods):
+        fig, axs = plt.subplots(1, len(methods), figsize=(2.9 * len(methods) + 1.0, 3.4), squeeze=False,
+                                sharey=True, layout="constrained")
+        image = None
+        for k, (ax, method) in enumerate(zip(axs[0], methods)):
             rate, _, mass = success_grid(records, task, method, dims, ms)
-            ax.imshow(rate, vmin=0, vmax=1, cmap="viridis", origin="lower", aspect="auto")
+            image = ax.imshow(rate, vmin=0, vmax=1, cmap="viridis", origin="lower", aspect="auto")
             for i in range(len(dims)):
                 for j in range(len(ms)):
                     if not np.isnan(rate[i, j]):
@@ -106,10 +119,12 @@ def plot_heatmaps(records: list[dict], out: Path) -> list[Path]:
                                 fontsize=6, color="w" if rate[i, j] < 0.5 else "k")
             ax.set_xticks(range(len(ms)), [str(m) for m in ms])
             ax.set_yticks(range(len(dims)), [str(d) for d in dims])
-            ax.set_xlabel("m (live target keys)")
-            ax.set_ylabel("head dim d")
+            ax.set_xlabel("m (target keys / depth)", fontsize=8)
+            if k == 0:
+                ax.set_ylabel("head dim d", fontsize=8)
             ax.set_title(method, fontsize=9)
-        paths.append(_save_figure(fig, f"{task}: success rate (top) and mean target mass (bottom) per cell",
+        fig.colorbar(image, ax=axs[0].tolist(), shrink=0.9, label="success rate over seeds")
+        paths.append(_save_figure(fig, f"{task}: success rate (top number, colour) and mean target mass (bottom) per cell",
                                   out / f"heatmap_{task}.png"))
     return paths
 
@@ -121,8 +136,8 @@ def plot_curves(records: list[dict], out: Path) -> list[Path]:
     paths = []
     colours = plt.cm.plasma(np.linspace(0, 0.9, len(ms)))
     for task in tasks:
-        fig, axs = plt.subplots(len(methods), len(dims), figsize=(2.4 * len(dims), 1.9 * len(methods)),
-                                squeeze=False, sharex=True, sharey=True)
+        fig, axs = plt.subplots(len(methods), len(dims), figsize=(2.3 * len(dims) + 1.2, 1.8 * len(methods) + 0.6),
+                                squeeze=False, sharex=True, sharey=True, layout="constrained")
         for i, method in enumerate(methods):
             for j, d in enumerate(dims):
                 ax = axs[i, j]
@@ -135,9 +150,13 @@ def plot_curves(records: list[dict], out: Path) -> list[Path]:
                 if i == 0:
                     ax.set_title(f"d={d}", fontsize=8)
                 if j == 0:
-                    ax.set_ylabel(method, fontsize=8)
-        axs[0, -1].legend(fontsize=6)
-        paths.append(_save_figure(fig, f"{task}: training loss ((pred - answer) / tolerance)^2, mean over seeds",
+                    ax.set_ylabel(f"{method}\nloss", fontsize=8)
+                if i == len(methods) - 1:
+                    ax.set_xlabel("training step", fontsize=8)
+                ax.tick_params(labelsize=7)
+        handles, labels = axs[0, 0].get_legend_handles_labels()
+        fig.legend(handles, labels, loc="outside right center", fontsize=7, title="m", title_fontsize=7)
+        paths.append(_save_figure(fig, f"{task}: training loss ((prediction - answer) / tolerance)^2, mean over seeds",
                                   out / f"curves_{task}.png"))
     return paths
 
