@@ -24,7 +24,9 @@ def test_runs_are_every_method_on_every_seed_and_ablations_on_their_seeds():
     assert [(r["name"], r["seed"]) for r in runs if not r["ablation"]] == \
         [(n, s) for s in (0, 1) for n in names]
     assert [(r["name"], r["seed"]) for r in runs if r["ablation"]] == [(a[0], 0) for a in ABLATIONS]
-    assert all(r["overrides"] == {"fpa_field_lr_multiplier": 1.0} for r in runs if r["name"].endswith("-lr1"))
+    from fpa.models.configuration_fpa import FPA_PARAMETRISATION_LEGACY
+
+    assert all(r["overrides"] == FPA_PARAMETRISATION_LEGACY for r in runs if r["name"].endswith("-legacy"))
     assert [r["train_overrides"] for r in runs if r["name"] == "fpa-walk-livereg"] == [{"live_reg": 0.1,
                                                                                         "live_reg_tau": 16.0}]
     assert not any(r["ablation"] for r in runs_of(p, None, (1,)))  # ablation seed 0 not asked for
@@ -55,7 +57,7 @@ def test_smoke_writes_every_file(smoke_run):
         assert m["task_loss_curve"]["steps"] == [4]
         curves = m["cache_curve"]
         if m["ablation"]:
-            assert list(curves) == ([] if n.endswith("-lr1") else ["full", "fpa"])
+            assert list(curves) == ([] if n == "fpa-free-legacy" else ["full", "fpa"])
             continue
         if m["attention"].startswith("softmax"):
             assert curves == {}

@@ -49,10 +49,9 @@ def test_trainer_applies_the_multiplier_per_group(tiny_cfg, monkeypatch):
         return orig(self, *a, **kw)
 
     monkeypatch.setattr(torch.optim.AdamW, "step", spy)
-    from tests.train.conftest import TINY_MODEL
-
+    cfg = tiny_cfg(attention="fpa", fpa_mode="walk", steps=3, warmup_steps=1, seq_len=128, eval_every=3)
     train(tiny_cfg(attention="fpa", fpa_mode="walk", steps=3, warmup_steps=1, seq_len=128, eval_every=3,
-                   model_overrides={**TINY_MODEL, "fpa_field_lr_multiplier": 0.1}))
+                   model_overrides={**cfg.model_overrides, "fpa_field_lr_multiplier": 0.1}))
     for pairs in seen:
         (m_field, lr_field), (m_rest, lr_rest) = pairs
         assert (m_field, m_rest) == (0.1, 1.0) and lr_field == pytest.approx(0.1 * lr_rest)

@@ -124,7 +124,7 @@ def plot_task_curves(curves: dict[str, dict], path: str | Path, floor: float | N
     for i, (name, c) in enumerate(curves.items()):
         if not c["steps"]:
             continue
-        ls = "--" if name.endswith("-lr1") else "-"
+        ls = "--" if name.endswith(("-lr1", "-legacy")) else "-"
         line, = ax.plot(c["steps"], c["mean"], ls=ls, marker="o", ms=3, lw=1.3, label=name)
         ax.fill_between(c["steps"], c["min"], c["max"], color=line.get_color(), alpha=0.15)
     if floor is not None:

@@ -154,17 +154,24 @@ def hybrid_table(results: dict) -> str:
     return "\n".join(rows)
 
 
+ABLATION_SUFFIXES = {"-legacy": ("legacy", "current default"), "-lr1": ("1.0", "0.1 (default then)")}
+
+
 def ablation_table(results: dict) -> str:
+    """Each method against its ablation (``<method>-legacy``: FPA_PARAMETRISATION_LEGACY;
+    ``<method>-lr1``, older runs: field lr multiplier 1.0), on the ablation's seeds."""
     L, ms = results["train_len"], results["methods"]
-    pairs = [(n[:-len("-lr1")], n) for n in ms if n.endswith("-lr1") and n[:-len("-lr1")] in ms]
+    pairs = [(n[:-len(suf)], n, suf) for n in ms for suf in ABLATION_SUFFIXES
+             if n.endswith(suf) and n[:-len(suf)] in ms]
     if not pairs:
         return "(no ablation in this run)"
     mults = results["preset"]["passkey_multiples"]
     ks = [1, 8] if 8 in mults else [mults[0], mults[-1]]
-    rows = ["| method | field lr multiplier | seeds | answer loss at the end | "
+    rows = ["| method | parametrisation | seeds | answer loss at the end | "
             + " | ".join(f"passkey {k}x" for k in ks) + " |", "|---|---|---|---|---|---|"]
-    for base, abl in pairs:
-        for name, mult in ((base, "0.1 (default)"), (abl, "1.0")):
+    for base, abl, suf in pairs:
+        ablated, default = ABLATION_SUFFIXES[suf]
+        for name, what in ((base, default), (abl, ablated)):
             m = ms[name]
             seeds = [s["seed"] for s in m["seeds"]]
             if name == base:  # compare on the ablation's seeds only
@@ -174,7 +181,7 @@ def ablation_table(results: dict) -> str:
             end = [s["train"]["task_loss_curve"][-1]["task_loss"] for s in sel if s["train"]["task_loss_curve"]]
             acc = {k: [s["passkey"]["accuracy_by_length"][s["passkey"]["lengths"].index(k * L)] for s in sel]
                    for k in ks}
-            rows.append(f"| {name} | {mult} | {','.join(map(str, seeds))} | {', '.join(f'{x:.3f}' for x in end)} | "
+            rows.append(f"| {name} | {what} | {','.join(map(str, seeds))} | {', '.join(f'{x:.3f}' for x in end)} | "
                         + " | ".join(", ".join(_pct(a) for a in acc[k]) for k in ks) + " |")
     return "\n".join(rows)
 
@@ -238,9 +245,11 @@ def how_text(results: dict) -> str:
     return (f"Each method is the `{p['model_preset']}` model preset{over}, trained with identical budgets and "
             f"optimizer: {p['steps']} AdamW steps x {p['batch_size']} sequences x {p['train_len']} tokens ({p['tokenizer']} "
             f"tokens; data `{p['data_source']}`; lr {p['lr']}, {p['warmup_steps']} warm-up steps, cosine), on seeds "
-            f"{results['seeds']} (a seed fixes the initialisation and the data order, the same for every method). FPA's "
-            f"field heads and beta train at 0.1x the learning rate: the library default of `FirstPassageAttention`, not a "
-            f"setting of this run; the `-lr1` ablations train them at the full rate. Passkey is learned only from samples "
+            f"{results['seeds']} (a seed fixes the initialisation and the data order, the same for every method). FPA "
+            f"layers use the library's default parametrisation (each model's config.json records it: "
+            f"`fpa_walk_increment`, `fpa_beta_activation`, `fpa_walk_bias_init`, `fpa_field_lr_multiplier`); the "
+            f"`-legacy` ablations use the one before 2026-12-03 (linear increments, softplus beta, field heads at 0.1x "
+            f"the learning rate). Passkey is learned only from samples "
             f"mixed into training at rate {p['mix_rate']}, at the training length only. Full-cache grid: {p['trials']} "
             f"prompts per (length, depth) cell at depths {p['depths']}; greedy decoding, exact match of the digits. Cache "
             f"curves: the first {p['cache_trials']} prompts of each cell at {p['cache_multiples']}x and depths "
@@ -300,7 +309,7 @@ def write_report(results: dict, out_dir: str | Path) -> None:
           "## Below the rule's floor: variants of FPA walk trained to forget more", "", below_floor_table(results), "",
           "## kvpress presses (through kvpress itself, on the model exported to LlamaForCausalLM)", "",
           kvpress_table(results), "",
-          "## Ablation: FPA's field learning-rate multiplier", "", ablation_table(results), "",
+          "## Ablation: FPA's parametrisation", "", ablation_table(results), "",
           "## Setup", "", how_text(results), "", "## Figures", ""]
     md += [f"### {cap}\n\n![{cap}]({f})\n" for cap, f in figs.items()]
     md += ["## Stage times (s)", "", "| stage | s |", "|---|---|"] + [f"| {k} | {v:.1f} |" for k, v in secs.items()]

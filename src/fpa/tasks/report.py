@@ -41,6 +41,11 @@ def _axes(records: list[dict]) -> tuple[list, list, list, list]:
     return uniq("task"), methods, uniq("dim"), uniq("m")
 
 
+def _methods_of(records: list[dict], task: str) -> list[str]:
+    """The methods with runs on ``task``, in first-seen order."""
+    return list(dict.fromkeys(r["method"] for r in records if r["task"] == task))
+
+
 def success_grid(records: list[dict], task: str, method: str, dims: list, ms: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(dims x ms) success rate, min and mean target mass over seeds (NaN where no run)."""
     cell = defaultdict(list)
@@ -106,6 +111,7 @@ def plot_heatmaps(records: list[dict], out: Path) -> list[Path]:
     tasks, methods, dims, ms = _axes(records)
     paths = []
     for task in tasks:
+        methods = _methods_of(records, task)
         fig, axs = plt.subplots(1, len(methods), figsize=(2.9 * len(methods) + 1.0, 3.4), squeeze=False,
                                 sharey=True, layout="constrained")
         image = None
@@ -136,6 +142,7 @@ def plot_curves(records: list[dict], out: Path) -> list[Path]:
     paths = []
     colours = plt.cm.plasma(np.linspace(0, 0.9, len(ms)))
     for task in tasks:
+        methods = _methods_of(records, task)
         fig, axs = plt.subplots(len(methods), len(dims), figsize=(2.3 * len(dims) + 1.2, 1.8 * len(methods) + 0.6),
                                 squeeze=False, sharex=True, sharey=True, layout="constrained")
         for i, method in enumerate(methods):
