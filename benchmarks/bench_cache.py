@@ -12,9 +12,9 @@ default init, weights std 0.02, a random model barely forgets, and heads whose l
 their field keep everything; the calibration makes every head's field move).
 The eviction pattern of such a random field is NOT that of a trained model: the kept fractions
 here measure the machinery (speed and memory at a given kept fraction), not what a trained
-model would keep. The committed cache-cpu.* results predate the paged store (they show the former
-per-head padded layout); benchmarks/bench_long_context.py measures the paged store on trained
-models from 1k to 128k tokens.
+model would keep. The committed cache-cpu.* results use the paged store with the trained
+fpa-walk-s0 of results/reproduce-cpu (legacy parametrisation) on random tokens;
+benchmarks/bench_long_context.py measures it on text from 1k to 128k tokens.
 
     OMP_NUM_THREADS=1 python benchmarks/bench_cache.py            # writes benchmarks/results/cache-cpu.{md,png,json}
 """
@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import math
 import statistics
 import time
 from pathlib import Path
@@ -65,7 +64,7 @@ def build_model(args) -> tuple[FPAForCausalLM, str]:
     m = FPAForCausalLM(FPAConfig.from_preset("tiny", attention="fpa")).eval()
     with torch.no_grad():
         for block in m.model.layers:
-            block.attn.beta_param.fill_(math.log(math.expm1(args.beta)))  # softplus^-1
+            block.attn.set_beta_(args.beta)
     calibrate_fields(m, args.field_std, seed=args.seed)
     return m, (f"tiny preset (attention=fpa, free), RANDOM init (seed {args.seed}) with every head's field and "
                f"level rescaled to mean 0, std {args.field_std} on a 512-token random probe; beta = {args.beta}")
