@@ -18,7 +18,6 @@ FPA's own rule (FPAEviction(``--tau``)). Heads:
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import time
 from pathlib import Path
@@ -27,7 +26,7 @@ import numpy as np
 import torch
 
 from fpa.cache import FPAEviction, SlidingWindow
-from fpa.data.atomic import atomic_write_bytes
+from fpa.data.atomic import atomic_write_bytes, atomic_write_figure
 from fpa.eval.agent_trace import constructed_offset_head, decode_trace, make_trace, summarise, train_walk_head
 
 
@@ -89,10 +88,7 @@ def plot(data: dict, path: Path) -> None:
         axs[0, j].legend(fontsize=8)
         axs[1, j].legend(fontsize=8, loc="lower left")
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
-    plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
+    atomic_write_figure(path, fig, dpi=100, bbox_inches="tight")
 
 
 def main(argv=None) -> None:

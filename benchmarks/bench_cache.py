@@ -22,7 +22,6 @@ benchmarks/bench_long_context.py measures it on text from 1k to 128k tokens.
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import statistics
 import time
@@ -33,7 +32,7 @@ from tqdm import tqdm
 
 from fpa.cache import FPACache, FPAEviction, prefill
 from fpa.models import FPAConfig, FPAForCausalLM
-from fpa.data.atomic import atomic_write_bytes
+from fpa.data.atomic import atomic_write_bytes, atomic_write_figure
 
 
 @torch.no_grad()
@@ -137,10 +136,7 @@ def plot(rows: list[dict], path: Path, header: str) -> None:
     axs[1].set_yscale("log")
     axs[0].legend(fontsize=8)
     fig.suptitle(header, fontsize=8)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
+    atomic_write_figure(path, fig, dpi=110, bbox_inches="tight")
 
 
 def main(argv=None) -> None:

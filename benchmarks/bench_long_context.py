@@ -21,7 +21,6 @@ checkpoint (``--fox-model``). Checkpoints are not in git: they come from ``fpa r
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import random
 import statistics
@@ -31,7 +30,7 @@ from pathlib import Path
 import torch
 
 from fpa.cache import H2O, FPACache, FoXEviction, FPAEviction, SlidingWindow, prefill
-from fpa.data.atomic import atomic_write_bytes
+from fpa.data.atomic import atomic_write_bytes, atomic_write_figure
 from fpa.data.sources import stdlib_files
 from fpa.models import FPAForCausalLM
 
@@ -189,10 +188,7 @@ def plot(data: dict, path: Path) -> None:
     axs[0].legend(fontsize=8)
     fig.suptitle(data["header"], fontsize=8)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
+    atomic_write_figure(path, fig, dpi=110, bbox_inches="tight")
 
 
 def main(argv=None) -> None:

@@ -38,3 +38,15 @@ def atomic_write_text(path: str | Path, text: str) -> None:
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     atomic_write(path, lambda f: f.write(data))
+
+
+def atomic_write_figure(path: str | Path, fig, dpi: int = 110, **savefig_kw) -> None:
+    """Render a matplotlib figure to PNG in memory, write it atomically, and close the figure."""
+    import io
+
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi, **savefig_kw)
+    plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 
 import numpy as np
 
-from fpa.data.atomic import atomic_write
+from fpa.data.atomic import atomic_write_figure
 
 
 def _figure(*args, **kw):
@@ -20,13 +19,8 @@ def _figure(*args, **kw):
 
 
 def _save(fig, path: str | Path) -> None:
-    import matplotlib.pyplot as plt
-
-    buf = io.BytesIO()
     fig.tight_layout()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    atomic_write(path, lambda f: f.write(buf.getvalue()))
+    atomic_write_figure(path, fig)
 
 
 def smooth(y: np.ndarray, window: int) -> np.ndarray:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fpa.data.atomic import atomic_write_bytes
+from fpa.data.atomic import atomic_write_bytes, atomic_write_figure
 
 
 def _pyplot():
@@ -24,14 +24,9 @@ def _pyplot():
 
 
 def _save_figure(fig, title: str, path: Path) -> Path:
-    """Title, render to PNG bytes, write atomically, close."""
-    import io
-
+    """Title, render to PNG, write atomically, close."""
     fig.suptitle(title, fontsize=10)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
-    _pyplot().close(fig)
-    atomic_write_bytes(path, buf.getvalue())
+    atomic_write_figure(path, fig, bbox_inches="tight")
     return path
 
 
