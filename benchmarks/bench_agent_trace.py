@@ -7,8 +7,8 @@ FPA's own rule (FPAEviction(``--tau``)). Heads:
 
 - ``trained walk``: the library's fpa_walk layer (level = field), one head, trained on short
   calls sequences (fpa.eval.agent_trace.train_walk_head);
-- ``trained walk+offset``: the same with a per-token level offset (TokenOffsetWalk, an
-  experimental variant defined in fpa.eval.agent_trace, not a library layer);
+- ``trained walk+offset``: the same with a per-token level offset (TokenOffsetWalk in
+  fpa.eval.agent_trace: the library walk with level_offset="token", linear increments, softplus beta);
 - ``constructed walk+offset``: TokenOffsetWalk with hand-set weights (no training): what the
   mechanism gives when the head is exactly right.
 

@@ -22,14 +22,16 @@ def tiny_model(att="fpa", mode="free", seed=0, **kw):
 
 
 def forgetful_layer(kind, seed=0, num_kv_heads=2, qk_norm=False, hidden=32, heads=4):
-    """A single attention layer whose field actually forgets (large field weights / small gates)."""
+    """A single attention layer whose field actually forgets (large field weights / small gates).
+    kind: "fox", an FPA mode ("free", "walk") or "walk-token" (walk with level_offset="token")."""
     torch.manual_seed(seed)
     if kind == "fox":
         layer = make_attention("fox", hidden, heads, num_kv_heads, qk_norm=qk_norm, fgate_bias_init=1.0)
         torch.nn.init.normal_(layer.fgate_proj.weight, std=0.5)
     else:
-        layer = make_attention("fpa", hidden, heads, num_kv_heads, fpa_mode=kind, qk_norm=qk_norm,
-                               field_init_std=0.5, beta_init=1.0)
+        mode, _, offset = kind.partition("-")
+        layer = make_attention("fpa", hidden, heads, num_kv_heads, fpa_mode=mode, qk_norm=qk_norm,
+                               field_init_std=0.5, beta_init=1.0, level_offset=offset or False)
     if qk_norm:
         with torch.no_grad():
             layer.q_norm.weight.uniform_(0.5, 1.5)

@@ -30,10 +30,15 @@ def _calls(model, x, cache, chunks):
     return torch.cat(out, 1), held
 
 
-@pytest.mark.parametrize("att,mode", TYPES)
-def test_no_eviction_equals_full_forward(att, mode):
+# every type, and FPA walk with a per-token level offset (softplus(1) = 1.3 at init: it changes the outputs)
+CASES = [pytest.param(a, m, {}, id=f"{a}-{m}") for a, m in TYPES] + [
+    pytest.param("fpa", "walk", dict(fpa_level_offset="token", fpa_level_offset_bias_init=1.0), id="fpa-walk-token")]
+
+
+@pytest.mark.parametrize("att,mode,kw", CASES)
+def test_no_eviction_equals_full_forward(att, mode, kw):
     """tau = inf (or a budget above the length) decodes exactly as the full forward."""
-    m = tiny_model(att, mode, qk_norm=True)
+    m = tiny_model(att, mode, qk_norm=True, **kw)
     x = torch.randint(0, 37, (2, 14))
     with torch.no_grad():
         full = m(x).logits
@@ -42,9 +47,9 @@ def test_no_eviction_equals_full_forward(att, mode):
     assert all((h == t).all() for t, hs in held for h in hs)
 
 
-@pytest.mark.parametrize("att,mode", TYPES)
-def test_chunked_prefill_equals_one_shot(att, mode):
-    m = tiny_model(att, mode)
+@pytest.mark.parametrize("att,mode,kw", CASES)
+def test_chunked_prefill_equals_one_shot(att, mode, kw):
+    m = tiny_model(att, mode, **kw)
     x = torch.randint(0, 37, (2, 17))
     results = []
     for chunk in (17, 4, 1):

@@ -29,7 +29,7 @@ def _policy(kind, tau, certified=False):
     return FoXEviction(tau) if kind == "fox" else FPAEviction(tau, certified=certified)
 
 
-@pytest.mark.parametrize("kind", ["free", "walk", "fox"])
+@pytest.mark.parametrize("kind", ["free", "walk", "walk-token", "fox"])
 @pytest.mark.parametrize("num_kv_heads", [2, 4])
 def test_every_eviction_met_the_rule_and_still_does(kind, num_kv_heads, capture_attention):
     """A key leaves exactly when beta*dip > tau for every query head of its group (GQA: all agree),
@@ -80,22 +80,27 @@ def test_every_eviction_met_the_rule_and_still_does(kind, num_kv_heads, capture_
         kept_before, a = per_row, t
 
 
-def test_walk_threshold_zero_is_the_stack():
+@pytest.mark.parametrize("kind", ["walk", "walk-token"])
+def test_walk_threshold_zero_is_the_stack(kind):
     """P3: in walk mode with tau = 0 the kept keys are the live stack: each new token pops every key
-    whose level is above its field value, then is pushed (plain list simulation)."""
-    layer = forgetful_layer("walk", seed=2, num_kv_heads=4)
+    whose level is above its field value, then is pushed (plain list simulation). With a per-token
+    level offset >= 0 (softplus) the live keys' levels still rise along the stack, so it stays one."""
+    layer = forgetful_layer(kind, seed=2, num_kv_heads=4)
     x = torch.randn(1, 30, 32)
     with torch.no_grad():
         kept, _ = _decode(layer, x, FPAEviction(0.0), [1] * 30)
-        field, _ = layer.field_level(x)
+        field, level = layer.field_level(x)
+    n_kept = 0
     for h in range(4):
         stack = []
         for t in range(30):
             phi = float(field[0, h, t])
-            while stack and float(field[0, h, stack[-1]]) > phi:
+            while stack and float(level[0, h, stack[-1]]) > phi:
                 stack.pop()
             stack.append(t)
             assert kept[t][1][0][h] == set(stack), (h, t)
+            n_kept += len(stack)
+    assert 30 * 4 < n_kept < 30 * 4 * 15, "some keys must be popped and some kept below the top"
 
 
 def _last_outputs(layer, x):
@@ -109,7 +114,7 @@ def _last_outputs(layer, x):
     return [r.view(x.shape[0], layer.num_heads, -1) for r in res]
 
 
-@pytest.mark.parametrize("kind,seed", [("free", 3), ("walk", 4)])
+@pytest.mark.parametrize("kind,seed", [("free", 3), ("walk", 4), ("walk-token", 5)])
 def test_certified_error_within_the_bound(kind, seed, capture_attention):
     """certified=True: each evicted key's weight <= e^-tau times the best live key's, so the output
     moves by at most W * max ||v_j - v_j'|| with W = n e^-tau / (1 + n e^-tau) (n evicted keys)."""

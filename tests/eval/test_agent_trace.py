@@ -38,9 +38,10 @@ def test_constructed_head_keeps_the_open_calls_only():
 def test_token_offset_walk_decodes_like_its_full_forward():
     torch.manual_seed(0)
     layer = TokenOffsetWalk(8, 1, 4).eval()
+    assert (layer.level_offset_kind, layer.walk_increment, layer.beta_activation) == ("token", "linear", "softplus")
     with torch.no_grad():
-        layer.offset_proj.weight.normal_(0, 1.0)
-        layer.step_proj.weight.normal_(0, 1.0)
+        layer.level_offset_proj.weight.normal_(0, 1.0)
+        layer.increment_proj.weight.normal_(0, 1.0)
     x = torch.randn(2, 20, 8)
     from fpa.cache import FPACache
 
@@ -50,6 +51,22 @@ def test_token_offset_walk_decodes_like_its_full_forward():
         parts = [layer(x[:, a:b], cache.layer(0)) for a, b in ((0, 7), (7, 8), (8, 20))]
     # measured worst |difference| 1.8e-7; tolerance 1e-5 (55x margin)
     torch.testing.assert_close(torch.cat(parts, 1), full, atol=1e-5, rtol=0)
+
+
+def test_token_offset_walk_is_the_library_layer():
+    """Only its construction differs: a plain library layer with its weights computes the same."""
+    from fpa.layers import FirstPassageAttention
+
+    torch.manual_seed(0)
+    layer = TokenOffsetWalk(8, 2, 4, offset_bias_init=-1.0)
+    plain = FirstPassageAttention(8, 2, mode="walk", head_dim=4, walk_increment="linear",
+                                  beta_activation="softplus", level_offset="token")
+    plain.load_state_dict(layer.state_dict())
+    assert layer.level_offset_proj.bias.tolist() == [-1.0, -1.0]
+    assert layer.beta.tolist() == pytest.approx([0.5266] * 2, abs=1e-4)  # the experiment's initial beta
+    x = torch.randn(2, 11, 8)
+    with torch.no_grad():
+        assert torch.equal(layer(x), plain(x))
 
 
 @pytest.mark.parametrize("variant", ["walk", "walk+offset"])

@@ -1,6 +1,6 @@
 import math
 
-from fpa.eval.report import at_multiple, lossless_point, verdicts
+from fpa.eval.report import at_multiple, control_table, control_verdicts, lossless_point, verdicts
 
 
 def _method(attention, acc8_by_seed, loss_by_seed, curve=None):
@@ -48,3 +48,19 @@ def test_verdicts_are_measured_not_assumed():
     assert "not reproduced (bar" in v and "reproduced on some seeds" in v
     assert "at 100% on every seed: none" in v
     assert math.isnan(at_multiple(_method("fox", [1.0], [1.0]), 16, 10)[0])
+
+
+def test_control_flags_every_seed_below_the_bar_and_conditions_extrapolation_on_it():
+    r = _results([1.0, 0.5], 2.0)
+    r["preset"]["passkey_multiples"] = [1, 8]
+    r["methods"]["fox"]["seeds"][1]["passkey"]["accuracy_by_length"] = [0.2, 0.0]
+    r["methods"]["fox"]["seeds"][1]["train"] = {"task_loss_curve": [{"step": 10, "task_loss": 1.9}]}
+    v = "\n".join(control_verdicts(r))
+    assert "missed by fox seed 1 (20%)" in v
+    assert "fpa-walk, on the 2 of 2 seeds that passed the control: 8x 75% [50-100]" in v
+    assert "fox, on the 1 of 2 seeds that passed the control: 8x 50%" in v
+    table = control_table(r)
+    assert "| fox | 1 | 1.900 | 20% | 0% | failed: never learned to copy |" in table
+    assert table.count("| passed |") == 3
+    r["methods"]["fox"]["seeds"][1]["passkey"]["accuracy_by_length"] = [0.95, 0.0]
+    assert "Positive control" in control_verdicts(r)[0] and control_verdicts(r)[0].endswith("met.")

@@ -129,3 +129,17 @@ def test_parametrisation_defaults_new_config_and_legacy_config_json(tmp_path):
     assert {k: getattr(old, k) for k in FPA_PARAMETRISATION_LEGACY} == FPA_PARAMETRISATION_LEGACY
     kw = old.attention_kwargs()
     assert (kw["walk_increment"], kw["beta_activation"], kw["walk_bias_init"]) == ("linear", "softplus", 0.0)
+
+
+def test_level_offset_values():
+    assert FPAConfig(fpa_mode="walk", fpa_level_offset="token").attention_kwargs()["level_offset"] == "token"
+    assert FPAConfig(fpa_mode="walk", fpa_level_offset="head").attention_kwargs()["level_offset"] == "head"
+    # True with fpa_mode="free" was always accepted and ignored: saved configs keep loading
+    assert FPAConfig(fpa_mode="free", fpa_level_offset=True).attention_kwargs()["level_offset"] is False
+    for mode, val in (("free", "token"), ("free", "head")):
+        with pytest.raises(ValueError, match=f"fpa_level_offset='{val}' needs fpa_mode='walk'.*got fpa_mode='free'"):
+            FPAConfig(fpa_mode=mode, fpa_level_offset=val)
+    for bad in ("Token", 1, 0, None):
+        with pytest.raises(ValueError, match=r"fpa_level_offset must be one of \(False, True, 'head', 'token'\)"):
+            FPAConfig(fpa_mode="walk", fpa_level_offset=bad)
+    FPAConfig(attention="fox", fpa_level_offset="token")  # an fpa_* key, unused by other attention types

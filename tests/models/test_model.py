@@ -61,6 +61,46 @@ def test_save_load(tmp_path, att, mode):
     assert m2.lm_head.weight.data_ptr() == m2.model.embed_tokens.weight.data_ptr()
 
 
+def test_save_load_keeps_a_token_level_offset(tmp_path):
+    m = tiny("fpa", "walk", fpa_level_offset="token", fpa_level_offset_bias_init=-1.0)
+    assert all(b.attn.level_offset_kind == "token" for b in m.model.layers)
+    assert m.model.layers[0].attn.level_offset_proj.bias.tolist() == [-1.0] * 4
+    with torch.no_grad():  # offsets far from their initial values, so a re-initialised one shows
+        for b in m.model.layers:
+            b.attn.level_offset_proj.weight.normal_(0, 1.0)
+            b.attn.increment_proj.weight.normal_(0, 1.0)
+    x = torch.randint(0, 37, (2, 12))
+    m.save_pretrained(tmp_path)
+    c = AutoConfig.from_pretrained(tmp_path)
+    assert (c.fpa_level_offset, c.fpa_level_offset_bias_init) == ("token", -1.0)
+    m2 = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    with torch.no_grad():
+        assert torch.equal(m(x).logits, m2(x).logits)
+        for b in m2.model.layers:  # the offset is part of the computation
+            b.attn.level_offset_proj.weight.zero_()
+        assert not torch.allclose(m(x).logits, m2(x).logits, atol=1e-3)
+
+
+def test_config_json_without_the_level_offset_keys_loads_the_same_model(tmp_path):
+    """A config.json saved before "token" and fpa_level_offset_bias_init existed (bool offset)."""
+    import json
+
+    x = torch.randint(0, 37, (1, 9))
+    for offset in (False, True):
+        m = tiny("fpa", "walk", fpa_level_offset=offset)
+        m.save_pretrained(tmp_path / str(offset))
+        path = tmp_path / str(offset) / "config.json"
+        d = json.loads(path.read_text())
+        d.pop("fpa_level_offset_bias_init")
+        path.write_text(json.dumps(d))
+        m2 = AutoModelForCausalLM.from_pretrained(tmp_path / str(offset)).eval()
+        assert m2.config.fpa_level_offset is offset
+        attn = m2.model.layers[0].attn
+        assert attn.level_offset_proj is None and (attn.level_offset is not None) == offset
+        with torch.no_grad():
+            assert torch.equal(m(x).logits, m2(x).logits)
+
+
 def test_loss():
     m = tiny("fpa", "free")
     x = torch.randint(0, 37, (2, 6))

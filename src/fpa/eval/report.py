@@ -186,6 +186,63 @@ def ablation_table(results: dict) -> str:
     return "\n".join(rows)
 
 
+CONTROL_BAR = 0.9  # passkey accuracy at 1x a seed needs before its longer lengths mean anything
+
+
+def _accuracy_at(seed_entry: dict, length: int) -> float:
+    g = seed_entry["passkey"]
+    return g["accuracy_by_length"][g["lengths"].index(length)] if length in g["lengths"] else math.nan
+
+
+def _end_answer_loss(seed_entry: dict) -> float:
+    curve = seed_entry.get("train", {}).get("task_loss_curve") or []
+    return curve[-1]["task_loss"] if curve else math.nan
+
+
+def control_table(results: dict) -> str:
+    """The positive control per method and seed: passkey at 1x (must reach CONTROL_BAR) and the
+    answer loss at the end of training (NO_COPY_FLOOR = never learned to copy); then 8x and 16x."""
+    L, ms = results["train_len"], results["methods"]
+    ks = [k for k in (1, 8, 16) if k in results["preset"]["passkey_multiples"]]
+    rows = ["| method | seed | answer loss at the end | " + " | ".join(f"passkey {k}x" for k in ks)
+            + " | control |", "|---|---|---|" + "---|" * (len(ks) + 1)]
+    for name, m in ms.items():
+        for s in m["seeds"]:
+            one, end = _accuracy_at(s, L), _end_answer_loss(s)
+            ok = one >= CONTROL_BAR
+            why = "passed" if ok else ("failed: never learned to copy" if end > 0.5 * NO_COPY_FLOOR
+                                       else "failed: low answer loss, but exact matches below the bar")
+            rows.append(f"| {name} | {s['seed']} | {end:.3f} | " + " | ".join(_pct(_accuracy_at(s, k * L)) for k in ks)
+                        + f" | {why} |")
+    return "\n".join(rows)
+
+
+def control_verdicts(results: dict) -> list[str]:
+    """Whether every method passed the 1x control on every seed, and FPA's longer lengths on the
+    seeds that passed (a seed that never learned the task says nothing about extrapolation)."""
+    L, ms = results["train_len"], results["methods"]
+    if L not in next(iter(ms.values()))["passkey"]["lengths"]:
+        return []
+    main = {n: m for n, m in ms.items() if not m.get("ablation")}
+    failed = [f"{n} seed {s['seed']} ({_pct(_accuracy_at(s, L))})" for n, m in main.items() for s in m["seeds"]
+              if not _accuracy_at(s, L) >= CONTROL_BAR]
+    out = [f"- **Positive control, passkey >= {_pct(CONTROL_BAR)} at 1x on every seed of every method**: "
+           + ("met." if not failed else f"missed by {', '.join(failed)} (see the control table).")]
+    for name, m in main.items():
+        passed = [s for s in m["seeds"] if _accuracy_at(s, L) >= CONTROL_BAR]
+        cells = []
+        for k in (8, 16):
+            accs = [_accuracy_at(s, k * L) for s in passed]
+            if accs and not any(math.isnan(a) for a in accs):
+                cells.append(f"{k}x {_spread_pct(sum(accs) / len(accs), min(accs), max(accs))}")
+        if cells:
+            out.append(f"- {name}, on the {len(passed)} of {len(m['seeds'])} seeds that passed the control: "
+                       + ", ".join(cells) + ".")
+        else:
+            out.append(f"- {name}: no seed passed the control.")
+    return out
+
+
 def verdicts(results: dict) -> list[str]:
     """One line per paper claim: reproduced / not reproduced / reproduced only at ..., with numbers."""
     L, ms = results["train_len"], results["methods"]
@@ -293,7 +350,7 @@ def command(results: dict, out: Path) -> str:
 def write_report(results: dict, out_dir: str | Path) -> None:
     """Write results.json, the PNGs, report.md and README-snippet.md into ``out_dir``."""
     out = Path(out_dir)
-    results = {**results, "verdicts": verdicts(results)}
+    results = {**results, "verdicts": verdicts(results) + control_verdicts(results)}
     write_json(out / "results.json", results)
     figs = _figures(results, out)
     secs = results.get("seconds", {})
@@ -303,6 +360,7 @@ def write_report(results: dict, out_dir: str | Path) -> None:
           f"Regenerate: `{cmd}` (resumes if interrupted). Stage times add up to {total / 60:.1f} min of worker time.", "",
           "## Verdicts (the paper's claims at this scale)", "", *results["verdicts"], "",
           "## Loss and passkey, full cache (mean [min-max] over seeds)", "", passkey_table(results), "",
+          f"## Positive control: passkey at 1x per seed (bar {_pct(CONTROL_BAR)})", "", control_table(results), "",
           "## Passkey against kept fraction (mean [min-max] over seeds)", "", curve_table(results), "",
           "## Smallest lossless kept fraction per policy (accuracy equal to the full cache on every seed)", "",
           hybrid_table(results), "",

@@ -3,6 +3,7 @@
 from fpa.layers.attention import (
     ATTENTION_TYPES,
     FPA_MODES,
+    LEVEL_OFFSETS,
     AttentionBase,
     FirstPassageAttention,
     ForgettingAttention,
@@ -16,6 +17,7 @@ from fpa.layers.attention import (
 __all__ = [
     "ATTENTION_TYPES",
     "FPA_MODES",
+    "LEVEL_OFFSETS",
     "AttentionBase",
     "FirstPassageAttention",
     "ForgettingAttention",

@@ -7,7 +7,7 @@ import math
 
 from transformers import PretrainedConfig
 
-from fpa.layers.attention import ATTENTION_TYPES, BETA_ACTIVATIONS, FPA_MODES, WALK_INCREMENTS
+from fpa.layers.attention import ATTENTION_TYPES, BETA_ACTIVATIONS, FPA_MODES, LEVEL_OFFSETS, WALK_INCREMENTS
 
 # The FPA walk's parametrisation. CURRENT is the default of a new config; LEGACY is what a
 # config.json saved before these keys existed was trained with, so it loads as that.
@@ -27,12 +27,15 @@ PRESETS = {
 }
 
 # Every FPAConfig field: (kind, rule). kind "int": a positive int; "bool"; "real": a finite number
-# with the rule ">0", ">=0" or "any"; "choice": one of the listed strings.
+# with the rule ">0", ">=0" or "any"; "choice": one of the listed values (of the same type: 1 is
+# not True). fpa_level_offset: False, True (= "head", the only offset before "token"), "head" or
+# "token"; "head"/"token" need fpa_mode="walk", True with "free" is ignored (as it always was).
 FIELDS: dict[str, tuple[str, object]] = {
     "vocab_size": ("int", None), "hidden_size": ("int", None), "num_hidden_layers": ("int", None),
     "num_attention_heads": ("int", None), "num_key_value_heads": ("int", None), "intermediate_size": ("int", None),
     "attention": ("choice", ATTENTION_TYPES), "fpa_mode": ("choice", FPA_MODES),
-    "qk_norm": ("bool", None), "output_gate": ("bool", None), "fpa_level_offset": ("bool", None),
+    "qk_norm": ("bool", None), "output_gate": ("bool", None),
+    "fpa_level_offset": ("choice", LEVEL_OFFSETS), "fpa_level_offset_bias_init": ("real", "any"),
     "tie_word_embeddings": ("bool", None),
     "fpa_beta_init": ("real", "any"), "fpa_field_lr_multiplier": ("real", ">=0"),
     "fpa_walk_increment": ("choice", WALK_INCREMENTS), "fpa_walk_bias_init": ("real", "any"),
@@ -53,7 +56,7 @@ def check_field(name: str, val: object) -> None:
         if not isinstance(val, bool):
             raise ValueError(f"FPAConfig {name} must be true or false (a bool), got {got}")
     elif kind == "choice":
-        if val not in rule:
+        if not any(isinstance(val, type(r)) and val == r for r in rule):
             raise ValueError(f"FPAConfig {name} must be one of {tuple(rule)}, got {got}")
     else:
         if isinstance(val, bool) or not isinstance(val, (int, float)) or not math.isfinite(val):
@@ -88,7 +91,7 @@ class FPAConfig(PretrainedConfig):
                  fpa_field_lr_multiplier=None, fpa_walk_increment=None, fpa_walk_bias_init=None,
                  fpa_beta_activation=None,
                  fox_fgate_bias_init=5.0, rope_theta=10000.0, rms_norm_eps=1e-6, initializer_range=0.02,
-                 tie_word_embeddings=True, **kwargs):
+                 tie_word_embeddings=True, fpa_level_offset_bias_init=-4.0, **kwargs):
         if num_key_value_heads is None:
             num_key_value_heads = num_attention_heads
         # None = the default: CURRENT for a new config, LEGACY for a saved one that predates the key
@@ -101,7 +104,8 @@ class FPAConfig(PretrainedConfig):
             vocab_size=vocab_size, hidden_size=hidden_size, num_hidden_layers=num_hidden_layers,
             num_attention_heads=num_attention_heads, num_key_value_heads=num_key_value_heads,
             intermediate_size=intermediate_size, attention=attention, fpa_mode=fpa_mode, qk_norm=qk_norm,
-            output_gate=output_gate, fpa_level_offset=fpa_level_offset, tie_word_embeddings=tie_word_embeddings,
+            output_gate=output_gate, fpa_level_offset=fpa_level_offset,
+            fpa_level_offset_bias_init=fpa_level_offset_bias_init, tie_word_embeddings=tie_word_embeddings,
             fpa_beta_init=fpa_beta_init, **param,
             fox_fgate_bias_init=fox_fgate_bias_init, rope_theta=rope_theta, rms_norm_eps=rms_norm_eps,
             initializer_range=initializer_range,
@@ -111,6 +115,9 @@ class FPAConfig(PretrainedConfig):
         typos = [k for k in kwargs if k not in _GENERIC_KEYS and difflib.get_close_matches(k, FIELDS, 1, 0.8)]
         if typos:
             check_keys(typos, "FPAConfig arguments")
+        if attention == "fpa" and fpa_mode != "walk" and fpa_level_offset in ("head", "token"):
+            raise ValueError(f"FPAConfig fpa_level_offset={fpa_level_offset!r} needs fpa_mode='walk' (it offsets "
+                             f"the walk's level), got fpa_mode={fpa_mode!r}")
         if hidden_size % num_attention_heads:
             raise ValueError(f"hidden_size ({hidden_size}) must be divisible by num_attention_heads ({num_attention_heads})")
         if num_attention_heads % num_key_value_heads:
@@ -119,6 +126,7 @@ class FPAConfig(PretrainedConfig):
         self.num_attention_heads, self.num_key_value_heads = num_attention_heads, num_key_value_heads
         self.intermediate_size, self.attention, self.fpa_mode = intermediate_size, attention, fpa_mode
         self.qk_norm, self.output_gate, self.fpa_level_offset = qk_norm, output_gate, fpa_level_offset
+        self.fpa_level_offset_bias_init = fpa_level_offset_bias_init
         self.fpa_beta_init, self.fox_fgate_bias_init, self.rope_theta = fpa_beta_init, fox_fgate_bias_init, rope_theta
         self.fpa_field_lr_multiplier = param["fpa_field_lr_multiplier"]
         self.fpa_walk_increment, self.fpa_walk_bias_init = param["fpa_walk_increment"], param["fpa_walk_bias_init"]
@@ -138,7 +146,10 @@ class FPAConfig(PretrainedConfig):
     def attention_kwargs(self) -> dict:
         kw = dict(qk_norm=self.qk_norm, output_gate=self.output_gate)
         if self.attention == "fpa":
-            kw.update(fpa_mode=self.fpa_mode, level_offset=self.fpa_level_offset, beta_init=self.fpa_beta_init,
+            # a level offset exists in walk mode only; True with "free" was always ignored
+            offset = self.fpa_level_offset if self.fpa_mode == "walk" else False
+            kw.update(fpa_mode=self.fpa_mode, level_offset=offset, beta_init=self.fpa_beta_init,
+                      level_offset_bias_init=self.fpa_level_offset_bias_init,
                       field_lr_multiplier=self.fpa_field_lr_multiplier, walk_increment=self.fpa_walk_increment,
                       walk_bias_init=self.fpa_walk_bias_init, beta_activation=self.fpa_beta_activation)
         elif self.attention == "fox":

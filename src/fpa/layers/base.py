@@ -1,0 +1,136 @@
+"""The shared pieces of the attention family: RMSNorm, SwiGLU and the projection base class.
+
+Every attention module takes hidden states (B, T, hidden) and an optional per-layer cache
+state (a dict, filled in place) and returns (B, T, hidden). With a state, the T new tokens
+are appended after the cached ones (incremental decoding or chunked prefill).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from fpa.cache.layer import LayerCache, LayerInfo
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (xf * self.weight.float()).to(x.dtype)
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, hidden_size: int, intermediate_size: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def layer_state(state: LayerCache | dict | None) -> LayerCache | None:
+    """The LayerCache to use: ``state`` itself, or one kept in a plain dict under "layer"."""
+    if state is None or isinstance(state, LayerCache):
+        return state
+    if isinstance(state, dict):
+        return state.setdefault("layer", LayerCache())
+    raise ValueError(f"state must be a fpa.cache.LayerCache, a dict or None, got {type(state).__name__}")
+
+
+class AttentionBase(nn.Module):
+    """q, k, v, o projections (+ optional per-head RMS qk-norm and a sigmoid output gate).
+
+    Subclasses implement ``_attend(q, k, v, x, state, offset, mask, pos, need_weights)`` with
+    q (B, Hq, T, D), k, v (B, Hkv, T, D) for the new tokens only; ``offset`` is the number of tokens
+    seen before; mask (B, T) bool (False = padding) or None; pos (B, T) positions or None; they
+    return (output (B, Hq, T, D), weights (B, Hq, T, Tk) or None). ``state`` is a
+    fpa.cache.LayerCache (or None): the subclass reads the cached keys from it and appends the new
+    ones (LayerCache.append), which advances its length.
+    """
+
+    def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int | None = None,
+                 head_dim: int | None = None, qk_norm: bool = False, output_gate: bool = False,
+                 bias: bool = False):
+        super().__init__()
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        if hidden_size <= 0 or num_heads <= 0 or num_kv_heads <= 0:
+            raise ValueError("hidden_size, num_heads and num_kv_heads must be positive")
+        if num_heads % num_kv_heads:
+            raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
+        if head_dim is None:
+            if hidden_size % num_heads:
+                raise ValueError(f"hidden_size ({hidden_size}) must be divisible by num_heads ({num_heads})")
+            head_dim = hidden_size // num_heads
+        self.hidden_size, self.num_heads, self.num_kv_heads, self.head_dim = hidden_size, num_heads, num_kv_heads, head_dim
+        self.q_proj = nn.Linear(hidden_size, num_heads * head_dim, bias=bias)
+        self.k_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=bias)
+        self.v_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=bias)
+        self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=False)
+        self.q_norm = RMSNorm(head_dim) if qk_norm else None
+        self.k_norm = RMSNorm(head_dim) if qk_norm else None
+        self.gate_proj = nn.Linear(hidden_size, num_heads * head_dim, bias=False) if output_gate else None
+
+    def _heads(self, x: Tensor, n: int) -> Tensor:
+        B, T, _ = x.shape
+        return x.view(B, T, n, self.head_dim).transpose(1, 2)
+
+    def _per_head(self, lin: nn.Linear, x: Tensor) -> Tensor:
+        """Linear head with one scalar per head -> (B, H, T), float32."""
+        return lin(x).float().transpose(1, 2)
+
+    @property
+    def scale(self) -> float:
+        return self.head_dim ** -0.5
+
+    def content_bound(self) -> float | None:
+        """c with |scale <q, k>| <= c for every query/key, or None without qk-norm.
+
+        RMS norm gives a vector of RMS <= 1 times the weight w, so ||q|| <= sqrt(D) max|w_q|,
+        ||k|| <= sqrt(D) max|w_k| and |scale <q, k>| <= scale * D * max|w_q| * max|w_k|.
+        """
+        if self.q_norm is None:
+            return None
+        wq, wk = self.q_norm.weight.detach().abs().max(), self.k_norm.weight.detach().abs().max()
+        return float(self.scale * self.head_dim * wq * wk)
+
+    def cache_info(self) -> LayerInfo:
+        return LayerInfo(kind="softmax", groups=self.num_heads // self.num_kv_heads,
+                         content_bound=self.content_bound())
+
+    def forward(self, x: Tensor, state: LayerCache | dict | None = None, attention_mask: Tensor | None = None,
+                position_ids: Tensor | None = None, output_attentions: bool = False):
+        """x (B, T, hidden) -> (B, T, hidden), or (that, weights (B, Hq, T, Tk)) with output_attentions.
+
+        attention_mask (B, T), for the T new tokens: 0/False marks padding, which is no key, moves
+        no walk and adds no decay (a padded row computes what the row alone computes). position_ids
+        (B, T): the positions RoPE/ALiBi and the cache use (default: each row counts its real tokens).
+        """
+        B, T, _ = x.shape
+        q = self._heads(self.q_proj(x), self.num_heads)
+        k = self._heads(self.k_proj(x), self.num_kv_heads)
+        v = self._heads(self.v_proj(x), self.num_kv_heads)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        state = layer_state(state)
+        if state is not None and state.info is None:
+            state.configure(self.cache_info())
+        offset = 0 if state is None else state.length
+        mask = None if attention_mask is None else attention_mask.to(device=x.device, dtype=torch.bool)
+        o, w = self._attend(q, k, v, x, state, offset, mask=mask, pos=position_ids,
+                            need_weights=output_attentions)  # (B, Hq, T, D)
+        o = o.transpose(1, 2).reshape(B, T, self.num_heads * self.head_dim)
+        if self.gate_proj is not None:
+            o = o * torch.sigmoid(self.gate_proj(x))
+        return (self.o_proj(o), w) if output_attentions else self.o_proj(o)
+
+    def _attend(self, q, k, v, x, state, offset, mask=None, pos=None, need_weights=False):  # pragma: no cover
+        raise NotImplementedError
+

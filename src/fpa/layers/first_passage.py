@@ -1,0 +1,228 @@
+"""First Passage Attention as a model layer: field and level from the hidden state (free heads or
+a walk with an optional level offset), and the FPA form of attention shared with FoX (P2).
+
+The offset of a walk's level (``level_offset``): with level = field (no offset) every key on the
+walk's current floor has penalty 0 until the walk goes below it, so no threshold rule can evict
+it. "head" adds one learned constant per head; "token" adds softplus(u_h . x_t + c_h) per head and
+token, so a key whose offset is positive dips as soon as anything after it stays on its floor
+(docs/fpa.md, "Level offset").
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from fpa.cache.layer import LayerCache, LayerInfo
+from fpa.cache.paged import fpa_past_bias
+from fpa.cache.storage import PAD_BIG
+from fpa.cache.weights import attention_weights, fpa_bias
+from fpa.layers.base import AttentionBase
+from fpa.ops import first_passage_attention
+
+FPA_MODES = ("free", "walk")
+WALK_INCREMENTS = ("linear", "tanh", "gated")
+BETA_ACTIVATIONS = ("softplus", "exp")
+LEVEL_OFFSETS = (False, True, "head", "token")  # True = "head"
+
+
+def check_level_offset(level_offset: bool | str, mode: str) -> str | None:
+    """The kind of level offset a ``level_offset`` argument asks for: None, "head" or "token".
+    ValueError for any other value, or for an offset outside walk mode."""
+    if isinstance(level_offset, bool):
+        kind = "head" if level_offset else None
+    elif isinstance(level_offset, str) and level_offset in LEVEL_OFFSETS:
+        kind = level_offset
+    else:
+        raise ValueError(f"level_offset must be one of {LEVEL_OFFSETS} (True means 'head'), got {level_offset!r}")
+    if kind is not None and mode != "walk":
+        raise ValueError(f"level_offset={level_offset!r} needs mode='walk' (it offsets the walk's level), "
+                         f"got mode={mode!r}; mode='free' has its own level head")
+    return kind
+
+
+class FirstPassageAttention(AttentionBase):
+    """First Passage Attention layer.
+
+    mode="free": field and level are separate linear heads of the hidden state (one scalar per
+    head and position). mode="walk": field = walk(increments), level = field + offset, the offset
+    set by ``level_offset``: False (default: level = field), "head" (or True: one learned constant
+    per head, starting at 0) or "token" (softplus(u_h . x_t + c_h) per head h and token t, one
+    linear projection hidden -> heads, ``level_offset_proj``; u ~ N(0, field_init_std^2) and
+    c = ``level_offset_bias_init``, default -4: the offset starts near softplus(-4) = 0.018). A
+    per-token offset lets a key dip (and the cache evict it) while the walk stays on its floor.
+    Each increment is ``tanh(w x + b)`` (default, ``walk_increment="tanh"``: steps in (-1, 1), so
+    saturated push and pop steps cancel) or the unbounded ``w x + b`` (``"linear"``). The penalty
+    strength is beta_h = exp(beta_param_h) (default ``beta_activation="exp"``: Adam grows it by a
+    factor per step, not a constant) or softplus(beta_param_h); either way beta starts at
+    softplus(beta_init) (0.69 for 0).
+
+    Initialisation: field/level/increment weights ~ N(0, field_init_std^2), biases
+    ``walk_bias_init`` (increment, default 0) and 0 (free heads), so the layer starts close to
+    causal softmax without positional encoding. A walk whose increments are all >= 0 never dips
+    and gets no gradient through the dips; ``walk_bias_init < 0`` starts the walk as a decay and
+    keeps one-layer heads out of that dead zone, but its initial recency bias (beta * tanh(|b|)
+    per token) stopped a language model from learning long-range retrieval (docs/synthetic.md
+    has both measurements; ``fpa.tasks.diagnostic`` reruns the synthetic one).
+
+    ``field_lr_multiplier`` (default 1.0): the field heads, the level offset (or its projection)
+    and beta (``field_parameters()``) train at that multiple of the learning rate
+    (``fpa.train.parameter_groups``, used by ``fpa train``; use it in your own loop too). 0.1 was
+    the default of the linear, softplus parametrisation, whose unbounded increments grew noisy
+    at the full rate (``fpa.models.configuration_fpa.FPA_PARAMETRISATION_LEGACY``).
+    """
+
+    def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int | None = None,
+                 mode: str = "free", qk_norm: bool = False, output_gate: bool = False,
+                 head_dim: int | None = None, level_offset: bool | str = False, beta_init: float = 0.0,
+                 field_init_std: float = 0.02, field_lr_multiplier: float = 1.0, backend: str = "auto",
+                 walk_increment: str = "tanh", walk_bias_init: float = 0.0, beta_activation: str = "exp",
+                 level_offset_bias_init: float = -4.0):
+        super().__init__(hidden_size, num_heads, num_kv_heads, head_dim, qk_norm, output_gate)
+        if mode not in FPA_MODES:
+            raise ValueError(f"mode must be one of {FPA_MODES}, got {mode!r}")
+        if walk_increment not in WALK_INCREMENTS:
+            raise ValueError(f"walk_increment must be one of {WALK_INCREMENTS}, got {walk_increment!r}")
+        self.walk_increment = walk_increment
+        if beta_activation not in BETA_ACTIVATIONS:
+            raise ValueError(f"beta_activation must be one of {BETA_ACTIVATIONS}, got {beta_activation!r}")
+        self.beta_activation = beta_activation
+        self.level_offset_kind = check_level_offset(level_offset, mode)
+        if isinstance(level_offset_bias_init, bool) or not isinstance(level_offset_bias_init, (int, float)) \
+                or not math.isfinite(level_offset_bias_init):
+            raise ValueError(f"level_offset_bias_init must be a finite number, got {level_offset_bias_init!r}")
+        if not isinstance(field_lr_multiplier, (int, float)) or isinstance(field_lr_multiplier, bool) \
+                or not 0 < field_lr_multiplier <= 1e3:
+            raise ValueError(f"field_lr_multiplier must be a number in (0, 1000], got {field_lr_multiplier!r}")
+        self.mode, self.backend = mode, backend
+        self.field_lr_multiplier = float(field_lr_multiplier)
+        if mode == "free":
+            self.field_proj = nn.Linear(hidden_size, num_heads)
+            self.level_proj = nn.Linear(hidden_size, num_heads)
+            heads = (self.field_proj, self.level_proj)
+        else:
+            self.increment_proj = nn.Linear(hidden_size, num_heads)
+            heads = (self.increment_proj,)
+            if walk_increment == "gated":  # tanh(a) * sigmoid(g): saturates at -1, 0 and +1
+                self.increment_gate_proj = nn.Linear(hidden_size, num_heads)
+                heads += (self.increment_gate_proj,)
+        for lin in heads:
+            nn.init.normal_(lin.weight, std=field_init_std)
+            nn.init.zeros_(lin.bias)
+        if mode == "walk":
+            nn.init.constant_(self.increment_proj.bias, float(walk_bias_init))
+        self.level_offset = nn.Parameter(torch.zeros(num_heads)) if self.level_offset_kind == "head" else None
+        self.level_offset_proj = None
+        if self.level_offset_kind == "token":
+            self.level_offset_proj = nn.Linear(hidden_size, num_heads)
+            nn.init.normal_(self.level_offset_proj.weight, std=field_init_std)
+            nn.init.constant_(self.level_offset_proj.bias, float(level_offset_bias_init))
+        beta0 = float(beta_init)
+        if beta_activation == "exp":  # the same initial beta, softplus(beta_init), in log space (no tensor: meta init)
+            beta0 = math.log(max(beta0, 0.0) + math.log1p(math.exp(-abs(beta0))))
+        self.beta_param = nn.Parameter(torch.full((num_heads,), beta0))
+
+    @property
+    def beta(self) -> Tensor:
+        return F.softplus(self.beta_param) if self.beta_activation == "softplus" else torch.exp(self.beta_param)
+
+    @torch.no_grad()
+    def set_beta_(self, beta: float | Tensor) -> None:
+        """Set beta (a positive number, or one per head (H,)) through the layer's activation."""
+        b = torch.as_tensor(beta, dtype=self.beta_param.dtype).expand_as(self.beta_param)
+        if not bool((b > 0).all()):
+            raise ValueError(f"beta must be > 0, got {beta!r}")
+        self.beta_param.copy_(torch.log(torch.expm1(b)) if self.beta_activation == "softplus" else torch.log(b))
+
+    def field_parameters(self) -> list[nn.Parameter]:
+        """The parameters that train at ``field_lr_multiplier`` x the learning rate: the field /
+        level (free) or increment (walk) heads, the level offset (or its projection) and beta."""
+        heads = (self.field_proj, self.level_proj) if self.mode == "free" else (self.increment_proj,)
+        if self.walk_increment == "gated" and self.mode == "walk":
+            heads += (self.increment_gate_proj,)
+        if self.level_offset_proj is not None:
+            heads += (self.level_offset_proj,)
+        extra = [self.beta_param] + ([self.level_offset] if self.level_offset is not None else [])
+        return [p for lin in heads for p in lin.parameters()] + extra
+
+    def cache_info(self) -> LayerInfo:
+        return LayerInfo(kind="fpa", groups=self.num_heads // self.num_kv_heads, beta=self.beta.detach(),
+                         content_bound=self.content_bound(), mode=self.mode)
+
+    def field_level(self, x: Tensor, state: LayerCache | None = None,
+                    mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """(field, level) (B, H, T) float32 for new tokens x (B, T, hidden); in walk mode continues
+        the cached walk, and level = field + the level offset. The cache stores each key's level as
+        computed here (fpa.cache.LayerCache.append), so decoding and eviction use the same levels.
+        mask (B, T) bool: padding positions take no walk step and get field = level = +PAD_BIG
+        (never a minimum, never a live key)."""
+        if self.mode == "free":
+            field, level = self._per_head(self.field_proj, x), self._per_head(self.level_proj, x)
+            return _pad_out(field, level, mask)
+        inc = self._per_head(self.increment_proj, x)
+        if self.walk_increment == "tanh":
+            inc = torch.tanh(inc)
+        elif self.walk_increment == "gated":
+            inc = torch.tanh(inc) * torch.sigmoid(self._per_head(self.increment_gate_proj, x))
+        if mask is not None:
+            inc = inc.masked_fill(~mask[:, None, :], 0.0)
+        field = _continue_walk(inc, state)
+        return _pad_out(field, self.walk_level(field, x), mask)
+
+    def walk_level(self, field: Tensor, x: Tensor) -> Tensor:
+        """Walk mode: level (B, H, T) = field (B, H, T) + the offset for the tokens x (B, T, hidden)."""
+        if self.level_offset_kind == "head":
+            return field + self.level_offset.float()[None, :, None]
+        if self.level_offset_kind == "token":
+            # contiguous: softplus's backward on a transposed input gets other strides from torch's
+            # fake tensors than from the real kernel, which breaks torch.compile's backward (torch 2.13)
+            return field + F.softplus(self._per_head(self.level_offset_proj, x).contiguous())
+        return field
+
+    def _attend(self, q, k, v, x, state, offset, mask=None, pos=None, need_weights=False):
+        field, level = self.field_level(x, state, mask)
+        if state is None:
+            o = first_passage_attention(q, k, v, field, level, beta=self.beta, backend=self.backend,
+                                        check_inputs=False)  # built here: no value checks, no host sync
+            return o, (_dense_weights(q, k, field, level, self.beta) if need_weights else None)
+        return _fpa_cached(q, k, v, field, level, self.beta, state, self.backend, mask, pos, need_weights)
+
+
+def _pad_out(field: Tensor, level: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor]:
+    """field, level (B, H, T) with +PAD_BIG at padding positions (mask (B, T) False)."""
+    if mask is None:
+        return field, level
+    pad = ~mask[:, None, :]
+    return field.masked_fill(pad, PAD_BIG), level.masked_fill(pad, PAD_BIG)
+
+
+def _dense_weights(q: Tensor, k: Tensor, field: Tensor, level: Tensor, beta) -> Tensor:
+    """Attention probabilities (B, Hq, T, T) of a whole sequence, FPA penalties included."""
+    b = beta.detach() if torch.is_tensor(beta) else beta
+    return attention_weights(q, k, fpa_bias(field, level, field[..., :0], b), q.shape[-1] ** -0.5)
+
+
+def _continue_walk(increments: Tensor, state: LayerCache | None) -> Tensor:
+    """field = cumsum(increments) (B, H, T), continued from the cached walk's last value."""
+    field = torch.cumsum(increments, dim=-1)
+    if state is not None:
+        if state.last_field is not None:
+            field = field + state.last_field[..., None]
+        state.last_field = field[..., -1]
+    return field
+
+
+def _fpa_cached(q, k, v, field, level, beta, state: LayerCache, backend="auto", mask=None, pos=None,
+                need_weights=False):
+    """Cache form of FPA: attend over the paged cache (level and pm_j = min of the field after key j
+    up to before the new tokens, docs/fpa.md) and the new keys, then store the new keys.
+    q (B, Hq, T, D), k, v (B, Hkv, T, D), field/level (B, Hq, T) -> ((B, Hq, T, D), weights or None).
+    ``backend`` is unused: the cache is read block by block by fpa.cache.paged."""
+    b = beta.detach() if torch.is_tensor(beta) else beta
+    new_bias = fpa_bias(field, level, field[..., :0], b)  # (B, Hq, T, T), -inf above the diagonal
+    return state.attend(q, k, v, fpa_past_bias(state.store, field, b), new_bias, need_weights,
+                        field=field, level=level, pos=pos, mask=mask)
+
