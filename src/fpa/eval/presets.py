@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from fpa.models.configuration_fpa import FPA_PARAMETRISATION_LEGACY
 
@@ -20,13 +20,14 @@ METHODS = (
 # that was the default until 2026-12-03 (linear walk increments, bias 0, softplus beta, field
 # heads at 0.1x the learning rate; FPA_PARAMETRISATION_LEGACY). The other variants try to push
 # FPA's own eviction rule below its floor (one global head per layer keeps every key live): a
-# stronger initial penalty, a learned level offset per head in walk mode, and a regulariser on
-# the soft live fraction.
+# stronger initial penalty, a learned level offset in walk mode (per head; per token), and a
+# regulariser on the soft live fraction.
 ABLATIONS = (
     ("fpa-walk-legacy", "fpa", "walk", dict(FPA_PARAMETRISATION_LEGACY), {}, True),
     ("fpa-free-legacy", "fpa", "free", dict(FPA_PARAMETRISATION_LEGACY), {}, False),
     ("fpa-walk-beta2", "fpa", "walk", {"fpa_beta_init": 2.0}, {}, True),
     ("fpa-walk-offset", "fpa", "walk", {"fpa_level_offset": True}, {}, True),
+    ("fpa-walk-tokenoffset", "fpa", "walk", {"fpa_level_offset": "token"}, {}, True),
     ("fpa-walk-livereg", "fpa", "walk", {}, {"live_reg": 0.1, "live_reg_tau": 16.0}, True),
 )
 
@@ -101,12 +102,14 @@ PRESETS = {
         hybrid_fractions=(0.5,), kvpress_multiples=(1, 2), kvpress_fractions=(0.5,),
         model_overrides=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                              num_key_value_heads=2, intermediate_size=64)),
-    # 2 CPU cores, about 60 minutes with --jobs 2 (docs/reproduce.md). The recipe that learns the
-    # passkey on a CPU: short training sequences (128 bytes) in large batches (32), 2 layers.
-    # 3 seeds; the ablations (e.g. FPA's legacy parametrisation) on seed 0. Evaluation: 1x..16x,
-    # 5 needle depths; cache curves at 8x and 16x.
+    # 2 CPU cores, about 60-70 minutes with --jobs 2 (docs/reproduce.md). The recipe that learns
+    # the passkey on a CPU: short training sequences (128 bytes) in large batches (32), 2 layers,
+    # passkey samples in three sequences of four, 1500 steps (cpu-mix050, 1000 steps with passkey
+    # samples in half the sequences, left several method-seeds without the copy). 3 seeds; the
+    # ablations (e.g. FPA's legacy parametrisation) on seed 0. Evaluation: 1x..16x, 5 needle
+    # depths; cache curves at 8x and 16x.
     "cpu": ReproducePreset(
-        name="cpu", train_len=128, steps=1000, batch_size=32, lr=3e-3, warmup_steps=50, mix_rate=0.5,
+        name="cpu", train_len=128, steps=1500, batch_size=32, lr=3e-3, warmup_steps=50, mix_rate=0.75,
         corpus_max_bytes=20_000_000, loss_multiple=8, loss_windows=16, passkey_multiples=(1, 2, 4, 8, 16),
         depths=(0.0, 0.25, 0.5, 0.75, 1.0), trials=10, cache_multiples=(8, 16),
         cache_depths=(0.0, 0.25, 0.5, 0.75, 1.0), cache_trials=6, fractions=(0.1, 0.15, 0.25, 0.5),
@@ -128,6 +131,11 @@ PRESETS = {
         chunk_size=2048, grad_accum=8, device="cuda", model_preset="110m", tokenizer="bpe",
         seeds=(0, 1, 2), eval_every=1000),
 }
+
+
+# The cpu preset before 2026-12-03 evening: 1000 steps, passkey samples in half the sequences
+# (results/reproduce-cpu-mix050).
+PRESETS["cpu-mix050"] = replace(PRESETS["cpu"], name="cpu-mix050", steps=1000, mix_rate=0.5)
 
 
 def get_preset(name: str) -> ReproducePreset:
