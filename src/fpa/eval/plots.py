@@ -89,8 +89,9 @@ def plot_cache_curves(curves: dict[str, dict[str, list[dict]]], multiple: str, p
             pts = sorted(pts, key=lambda q: q["kept_fraction"])
             x = [q["kept_fraction"] for q in pts]
             y = np.asarray([q["accuracy_by_multiple"][multiple] for q in pts])
-            lo = y - np.asarray([q["accuracy_min_by_multiple"][multiple] for q in pts])
-            hi = np.asarray([q["accuracy_max_by_multiple"][multiple] for q in pts]) - y
+            # the mean of equal values can sit an ulp outside [min, max]; matplotlib refuses negative errors
+            lo = np.clip(y - np.asarray([q["accuracy_min_by_multiple"][multiple] for q in pts]), 0.0, None)
+            hi = np.clip(np.asarray([q["accuracy_max_by_multiple"][multiple] for q in pts]) - y, 0.0, None)
             color, marker, ls = _style(policy)
             label = {"fpa": "FPA own rule (tau sweep)", "fox": "FoX own rule (tau sweep)",
                      "full": "full cache"}.get(policy, policy)
