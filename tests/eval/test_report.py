@@ -35,6 +35,8 @@ def test_lossless_point_needs_every_seed_to_match_the_full_cache():
     assert lossless_point(m, "fpa", "8")["setting"] == 8.0
     curve["fpa"] = [_pt(2.0, 0.10, [1.0, 0.0])]
     assert lossless_point(m, "fpa", "8") is None
+    curve["fpa"] = [_pt(2.0, 0.10, [1.0, 0.6])]  # above the full cache on seed 1: nothing lost
+    assert lossless_point(m, "fpa", "8")["setting"] == 2.0
     assert lossless_point(m, "fox", "8") is None
 
 
