@@ -179,9 +179,8 @@ def ablation_table(results: dict) -> str:
                 keep = {s["seed"] for s in ms[abl]["seeds"]}
                 seeds = [s for s in seeds if s in keep]
             sel = [s for s in m["seeds"] if s["seed"] in seeds]
-            end = [s["train"]["task_loss_curve"][-1]["task_loss"] for s in sel if s["train"]["task_loss_curve"]]
-            acc = {k: [s["passkey"]["accuracy_by_length"][s["passkey"]["lengths"].index(k * L)] for s in sel]
-                   for k in ks}
+            end = [_end_answer_loss(s) for s in sel if s["train"]["task_loss_curve"]]
+            acc = {k: [_accuracy_at(s, k * L) for s in sel] for k in ks}
             rows.append(f"| {name} | {what} | {','.join(map(str, seeds))} | {', '.join(f'{x:.3f}' for x in end)} | "
                         + " | ".join(", ".join(_pct(a) for a in acc[k]) for k in ks) + " |")
     return "\n".join(rows)

@@ -22,8 +22,8 @@ from fpa.cache.paged import alibi_past_bias
 from fpa.cache.weights import attention_weights, causal_block_mask
 from fpa.layers.base import AttentionBase, RMSNorm, SwiGLU, layer_state
 from fpa.layers.first_passage import (BETA_ACTIVATIONS, FPA_MODES, LEVEL_OFFSETS, WALK_INCREMENTS,
-                                      FirstPassageAttention, _continue_walk, _dense_weights, _fpa_cached,
-                                      _pad_out)
+                                      FirstPassageAttention)
+from fpa.layers.fpa_form import continue_walk, dense_weights, fpa_cached, pad_out
 from fpa.ops import first_passage_attention, forgetting_attention
 
 __all__ = ["ATTENTION_TYPES", "BETA_ACTIVATIONS", "FPA_MODES", "LEVEL_OFFSETS", "WALK_INCREMENTS", "AttentionBase",
@@ -58,12 +58,12 @@ class ForgettingAttention(AttentionBase):
             log_f = log_f.masked_fill(~mask[:, None, :], 0.0)  # padding adds no decay
         if state is None and mask is None and not need_weights:
             return forgetting_attention(q, k, v, log_f, check_inputs=False), None
-        field, level = _pad_out(*(2 * (_continue_walk(log_f, state),)), mask)
+        field, level = pad_out(*(2 * (continue_walk(log_f, state),)), mask)
         if state is not None:
-            return _fpa_cached(q, k, v, field, level, 1.0, state, "auto", mask, pos, need_weights)
+            return fpa_cached(q, k, v, field, level, 1.0, state, "auto", mask, pos, need_weights)
         # P2: FoX is FPA with field = level = cumsum(log f) and beta = 1
         o = forgetting_attention(q, k, v, log_f) if mask is None else first_passage_attention(q, k, v, field, level, beta=1.0)
-        return o, (_dense_weights(q, k, field, level, 1.0) if need_weights else None)
+        return o, (dense_weights(q, k, field, level, 1.0) if need_weights else None)
 
 
 def rope(x: Tensor, pos: Tensor, theta: float) -> Tensor:

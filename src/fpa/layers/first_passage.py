@@ -17,10 +17,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fpa.cache.layer import LayerCache, LayerInfo
-from fpa.cache.paged import fpa_past_bias
-from fpa.cache.storage import PAD_BIG
-from fpa.cache.weights import attention_weights, fpa_bias
 from fpa.layers.base import AttentionBase
+from fpa.layers.fpa_form import continue_walk, dense_weights, fpa_cached, pad_out
 from fpa.ops import first_passage_attention
 
 FPA_MODES = ("free", "walk")
@@ -161,7 +159,7 @@ class FirstPassageAttention(AttentionBase):
         (never a minimum, never a live key)."""
         if self.mode == "free":
             field, level = self._per_head(self.field_proj, x), self._per_head(self.level_proj, x)
-            return _pad_out(field, level, mask)
+            return pad_out(field, level, mask)
         inc = self._per_head(self.increment_proj, x)
         if self.walk_increment == "tanh":
             inc = torch.tanh(inc)
@@ -169,8 +167,8 @@ class FirstPassageAttention(AttentionBase):
             inc = torch.tanh(inc) * torch.sigmoid(self._per_head(self.increment_gate_proj, x))
         if mask is not None:
             inc = inc.masked_fill(~mask[:, None, :], 0.0)
-        field = _continue_walk(inc, state)
-        return _pad_out(field, self.walk_level(field, x), mask)
+        field = continue_walk(inc, state)
+        return pad_out(field, self.walk_level(field, x), mask)
 
     def walk_level(self, field: Tensor, x: Tensor) -> Tensor:
         """Walk mode: level (B, H, T) = field (B, H, T) + the offset for the tokens x (B, T, hidden)."""
@@ -187,42 +185,5 @@ class FirstPassageAttention(AttentionBase):
         if state is None:
             o = first_passage_attention(q, k, v, field, level, beta=self.beta, backend=self.backend,
                                         check_inputs=False)  # built here: no value checks, no host sync
-            return o, (_dense_weights(q, k, field, level, self.beta) if need_weights else None)
-        return _fpa_cached(q, k, v, field, level, self.beta, state, self.backend, mask, pos, need_weights)
-
-
-def _pad_out(field: Tensor, level: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor]:
-    """field, level (B, H, T) with +PAD_BIG at padding positions (mask (B, T) False)."""
-    if mask is None:
-        return field, level
-    pad = ~mask[:, None, :]
-    return field.masked_fill(pad, PAD_BIG), level.masked_fill(pad, PAD_BIG)
-
-
-def _dense_weights(q: Tensor, k: Tensor, field: Tensor, level: Tensor, beta) -> Tensor:
-    """Attention probabilities (B, Hq, T, T) of a whole sequence, FPA penalties included."""
-    b = beta.detach() if torch.is_tensor(beta) else beta
-    return attention_weights(q, k, fpa_bias(field, level, field[..., :0], b), q.shape[-1] ** -0.5)
-
-
-def _continue_walk(increments: Tensor, state: LayerCache | None) -> Tensor:
-    """field = cumsum(increments) (B, H, T), continued from the cached walk's last value."""
-    field = torch.cumsum(increments, dim=-1)
-    if state is not None:
-        if state.last_field is not None:
-            field = field + state.last_field[..., None]
-        state.last_field = field[..., -1]
-    return field
-
-
-def _fpa_cached(q, k, v, field, level, beta, state: LayerCache, backend="auto", mask=None, pos=None,
-                need_weights=False):
-    """Cache form of FPA: attend over the paged cache (level and pm_j = min of the field after key j
-    up to before the new tokens, docs/fpa.md) and the new keys, then store the new keys.
-    q (B, Hq, T, D), k, v (B, Hkv, T, D), field/level (B, Hq, T) -> ((B, Hq, T, D), weights or None).
-    ``backend`` is unused: the cache is read block by block by fpa.cache.paged."""
-    b = beta.detach() if torch.is_tensor(beta) else beta
-    new_bias = fpa_bias(field, level, field[..., :0], b)  # (B, Hq, T, T), -inf above the diagonal
-    return state.attend(q, k, v, fpa_past_bias(state.store, field, b), new_bias, need_weights,
-                        field=field, level=level, pos=pos, mask=mask)
-
+            return o, (dense_weights(q, k, field, level, self.beta) if need_weights else None)
+        return fpa_cached(q, k, v, field, level, self.beta, state, self.backend, mask, pos, need_weights)
