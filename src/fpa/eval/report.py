@@ -326,7 +326,9 @@ def _figures(results: dict, out: Path) -> dict[str, str]:
     plots.plot_task_curves({n: m["task_loss_curve"] for n, m in ms.items()}, out / "answer-loss.png", NO_COPY_FLOOR)
     figs["Answer loss during training (the ablation dashed)"] = "answer-loss.png"
     for n, m in ms.items():
-        plots.plot_heatmap(m["passkey"], L, f"{n}: passkey accuracy, full cache (mean of {m['passkey']['n_seeds']} seeds)",
+        n_seeds = m["passkey"]["n_seeds"]
+        plots.plot_heatmap(m["passkey"], L, f"{n}: passkey accuracy, full cache "
+                           + (f"(mean of {n_seeds} seeds)" if n_seeds > 1 else "(one seed)"),
                            out / f"passkey-{n}.png")
         figs[f"Passkey heatmap, {n}"] = f"passkey-{n}.png"
     curves = {n: m["cache_curve"] for n, m in ms.items() if m["cache_curve"] and not m.get("ablation")}
