@@ -5,7 +5,7 @@ import json
 import pytest
 
 from fpa.cli import main
-from fpa.eval.presets import ABLATIONS, METHODS, get_preset
+from fpa.eval.presets import ABLATIONS, METHODS, PRESETS, get_preset
 from fpa.eval.reproduce import reproduce, runs_of
 
 
@@ -135,3 +135,14 @@ def test_pool_records_each_stage_and_reports_a_failing_one(tmp_path):
         run_tasks(Stages(tmp_path), [("sq0", _square, (0,)), ("bad", _square, (-1,))], jobs=2, progress=False)
     with pytest.raises(ValueError, match="unique"):
         run_tasks(st, [("a", _square, (1,)), ("a", _square, (2,))], jobs=1, progress=False)
+
+
+def test_a_run_recorded_before_a_preset_setting_existed_still_resumes():
+    from fpa.eval.reproduce import same_preset
+
+    p = PRESETS["cpu"]
+    saved = json.loads(json.dumps(p.to_dict()))  # as read back from state.json
+    del saved["mix_task"]  # recorded before the setting existed: its default then
+    assert same_preset(saved, p)
+    assert not same_preset(saved, PRESETS["cpu-copy"])
+    assert not same_preset({**saved, "steps": 1000}, p)

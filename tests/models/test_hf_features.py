@@ -173,6 +173,23 @@ def test_cache_refuses_another_model():
         fpa(x, past_key_values=cache, use_cache=True)  # the filling model still works
 
 
+def test_level_offset_true_and_head_share_a_cache():
+    """fpa_level_offset=True is "head": the same model, so a cache filled by one serves the other
+    (and gives the same logits); a "token" model is another model."""
+    old, head = forgetful("fpa", "walk", fpa_level_offset=True), forgetful("fpa", "walk", fpa_level_offset="head")
+    token = forgetful("fpa", "walk", fpa_level_offset="token")
+    x = torch.tensor([[1, 2, 3, 4]])
+    with torch.no_grad():
+        a, b = FPACache(), FPACache()
+        old(x[:, :3], past_key_values=a, use_cache=True)
+        head(x[:, :3], past_key_values=b, use_cache=True)
+        la = head(x[:, 3:], past_key_values=a, use_cache=True).logits
+        lb = head(x[:, 3:], past_key_values=b, use_cache=True).logits
+        torch.testing.assert_close(la, lb, rtol=0, atol=0)
+        with pytest.raises(ValueError, match="fpa_level_offset"):
+            token(x[:, 3:], past_key_values=a, use_cache=True)
+
+
 def test_empty_transformers_cache_is_replaced_and_full_one_refused():
     m = forgetful("fpa", "free")
     x = torch.tensor([[1, 2, 3]])

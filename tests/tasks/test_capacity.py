@@ -56,3 +56,23 @@ def test_both_recipes_train(recipe):
     r = train_cell("stack", "fpa_walk", 2, 2, (0,), cfg)[0]
     assert r["config"]["dense"] == (recipe == "dense")
     assert np.mean(r["curve"][-5:]) < np.mean(r["curve"][:5])
+
+
+def test_length_curriculum_trains_every_kth_step_on_longer_sequences(monkeypatch):
+    """long_every=2: steps 1, 3, ... see batches at long_factor x the length; the others at 1x."""
+    import fpa.tasks.capacity as capacity
+
+    seen = []
+    real = capacity._tensors
+    monkeypatch.setattr(capacity, "_tensors", lambda b, sl: (seen.append(b.tokens.shape[-1]), real(b, sl))[1])
+    cfg = TrainConfig(steps=6, batch=4, eval_n=4, log_every=1, long_every=2, long_factor=3)
+    r = train_cell("stack", "fpa_walk", 2, 2, (0,), cfg)[0]
+    from fpa.tasks.nested import get_task
+
+    long = get_task("stack").sample(np.random.default_rng(0), 1, 2, 3).tokens.shape[-1]
+    assert long > 2 * r["train_length"]
+    assert seen[:6] == [r["train_length"], long] * 3  # then the evaluations
+    with pytest.raises(ValueError, match="long_every"):
+        TrainConfig(long_every=-1)
+    with pytest.raises(ValueError, match="train_long"):
+        train_cell("stack", "fpa_walk", 2, 2, (0,), cfg, capacity.make_cell_data("stack", 2, (0,), TINY))

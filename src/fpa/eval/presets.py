@@ -20,8 +20,8 @@ METHODS = (
 # that was the default until 2026-12-03 (linear walk increments, bias 0, softplus beta, field
 # heads at 0.1x the learning rate; FPA_PARAMETRISATION_LEGACY). The other variants try to push
 # FPA's own eviction rule below its floor (one global head per layer keeps every key live): a
-# stronger initial penalty, a learned level offset in walk mode (per head; per token), and a
-# regulariser on the soft live fraction.
+# stronger initial penalty, a learned level offset in walk mode (per head; per token), a
+# regulariser on the soft live fraction, and training with the eviction rule in the loop.
 ABLATIONS = (
     ("fpa-walk-legacy", "fpa", "walk", dict(FPA_PARAMETRISATION_LEGACY), {}, True),
     ("fpa-free-legacy", "fpa", "free", dict(FPA_PARAMETRISATION_LEGACY), {}, False),
@@ -29,6 +29,10 @@ ABLATIONS = (
     ("fpa-walk-offset", "fpa", "walk", {"fpa_level_offset": True}, {}, True),
     ("fpa-walk-tokenoffset", "fpa", "walk", {"fpa_level_offset": "token"}, {}, True),
     ("fpa-walk-livereg", "fpa", "walk", {}, {"live_reg": 0.1, "live_reg_tau": 16.0}, True),
+    # eviction in the training loop: trained under the rule FPAEviction(2) it will be served with
+    ("fpa-walk-evict2", "fpa", "walk", {}, {"evict_tau": 2.0}, True),
+    ("fpa-walk-offset-evict2", "fpa", "walk", {"fpa_level_offset": True}, {"evict_tau": 2.0}, True),
+    ("fpa-walk-tokenoffset-evict2", "fpa", "walk", {"fpa_level_offset": "token"}, {"evict_tau": 2.0}, True),
 )
 
 @dataclass(frozen=True)
@@ -36,7 +40,8 @@ class ReproducePreset:
     """Everything ``fpa reproduce`` does, for one preset.
 
     Training: ``steps`` optimizer steps of ``batch_size`` sequences of ``train_len`` tokens, a
-    ``mix_rate`` share of them passkey samples at the training length (fpa.tasks.passkey).
+    ``mix_rate`` share of them task samples at the training length from the ``mix_task`` mixer
+    (fpa.tasks.TASK_MIXERS: passkey prompts, or passkey prompts and copy lines).
     Loss: ``loss_windows`` held-out windows of ``loss_multiple`` x train_len tokens.
     Passkey (full cache): ``passkey_multiples`` x ``depths`` x ``trials``. Cache policies:
     ``cache_multiples`` x ``cache_depths`` x ``cache_trials``, prefilled in chunks of
@@ -87,6 +92,7 @@ class ReproducePreset:
     grad_accum: int = 1
     seed: int = 0
     device: str = "cpu"
+    mix_task: str = "passkey"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -136,6 +142,12 @@ PRESETS = {
 # The cpu preset before 2026-12-03 evening: 1000 steps, passkey samples in half the sequences
 # (results/reproduce-cpu-mix050).
 PRESETS["cpu-mix050"] = replace(PRESETS["cpu"], name="cpu-mix050", steps=1000, mix_rate=0.5)
+# The cpu preset's second data mix (results/reproduce-cpu-copy): a third of the mixed sequences are
+# copy lines "S is S." (fpa.tasks.copy), for softmax-RoPE, which does not learn the copy on every
+# seed from passkey prompts alone. Passkey prompts: 1 sequence in 2 (cpu: 3 in 4). Full-cache
+# passkey grid only: the cache curves are the cpu preset's.
+PRESETS["cpu-copy"] = replace(PRESETS["cpu"], name="cpu-copy", mix_task="passkey+copy", ablation_seeds=(),
+                              cache_multiples=(), budget_methods=(), kvpress_methods=())
 
 
 def get_preset(name: str) -> ReproducePreset:

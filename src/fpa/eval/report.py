@@ -306,9 +306,24 @@ def how_text(results: dict) -> str:
             f"layers use the library's default parametrisation (each model's config.json records it: "
             f"`fpa_walk_increment`, `fpa_beta_activation`, `fpa_walk_bias_init`, `fpa_field_lr_multiplier`); the "
             f"`-legacy` ablations use the one before 2026-12-03 (linear increments, softplus beta, field heads at 0.1x "
-            f"the learning rate). Passkey is learned only from samples "
-            f"mixed into training at rate {p['mix_rate']}, at the training length only. Full-cache grid: {p['trials']} "
-            f"prompts per (length, depth) cell at depths {p['depths']}; greedy decoding, exact match of the digits. Cache "
+            f"the learning rate). Passkey is learned only from {mix_text(p)}. Full-cache grid: {p['trials']} "
+            f"prompts per (length, depth) cell at depths {p['depths']}; greedy decoding, exact match of the digits. "
+            + (cache_text(p) if p["cache_multiples"] else "No cache curves in this preset."))
+
+
+def mix_text(p: dict) -> str:
+    """What was mixed into training, from the preset's mix_task and mix_rate."""
+    if p.get("mix_task", "passkey") == "passkey+copy":
+        from fpa.tasks.copy import COPY_SHARE
+
+        return (f"samples mixed into training at rate {p['mix_rate']} at the training length only, a share "
+                f"{1 - COPY_SHARE:.2f} of them passkey prompts and {COPY_SHARE:.2f} copy lines \"S is S.\" with random "
+                f"strings S (passkey prompts in {p['mix_rate'] * (1 - COPY_SHARE):.2f} of all sequences)")
+    return f"passkey samples mixed into training at rate {p['mix_rate']} at the training length only"
+
+
+def cache_text(p: dict) -> str:
+    return (f"Cache "
             f"curves: the first {p['cache_trials']} prompts of each cell at {p['cache_multiples']}x and depths "
             f"{p['cache_depths']}, prefilled in chunks of {p['chunk_size']} tokens with the policy applied after every "
             f"chunk and decode step. The models' own rules are swept over fixed thresholds tau in {p['cache_thresholds']} "
@@ -349,6 +364,16 @@ def command(results: dict, out: Path) -> str:
     return f"fpa reproduce --preset {results['preset']['name']} --seeds {seeds} --jobs 2 --out {out}"
 
 
+def cache_sections(results: dict) -> list[str]:
+    return ["## Passkey against kept fraction (mean [min-max] over seeds)", "", curve_table(results), "",
+            "## Smallest lossless kept fraction per policy (accuracy at least the full cache's on every seed)", "",
+            hybrid_table(results), "",
+            "## Below the rule's floor: variants of FPA walk trained to forget more", "", below_floor_table(results), "",
+            "## kvpress presses (through kvpress itself, on the model exported to LlamaForCausalLM)", "",
+            kvpress_table(results), "",
+            "## Ablation: FPA's parametrisation", "", ablation_table(results), ""]
+
+
 def write_report(results: dict, out_dir: str | Path) -> None:
     """Write results.json, the PNGs, report.md and README-snippet.md into ``out_dir``."""
     out = Path(out_dir)
@@ -363,13 +388,7 @@ def write_report(results: dict, out_dir: str | Path) -> None:
           "## Verdicts (the paper's claims at this scale)", "", *results["verdicts"], "",
           "## Loss and passkey, full cache (mean [min-max] over seeds)", "", passkey_table(results), "",
           f"## Positive control: passkey at 1x per seed (bar {_pct(CONTROL_BAR)})", "", control_table(results), "",
-          "## Passkey against kept fraction (mean [min-max] over seeds)", "", curve_table(results), "",
-          "## Smallest lossless kept fraction per policy (accuracy at least the full cache's on every seed)", "",
-          hybrid_table(results), "",
-          "## Below the rule's floor: variants of FPA walk trained to forget more", "", below_floor_table(results), "",
-          "## kvpress presses (through kvpress itself, on the model exported to LlamaForCausalLM)", "",
-          kvpress_table(results), "",
-          "## Ablation: FPA's parametrisation", "", ablation_table(results), "",
+          *(cache_sections(results) if results["preset"]["cache_multiples"] else []),
           "## Setup", "", how_text(results), "", "## Figures", ""]
     md += [f"### {cap}\n\n![{cap}]({f})\n" for cap, f in figs.items()]
     md += ["## Stage times (s)", "", "| stage | s |", "|---|---|"] + [f"| {k} | {v:.1f} |" for k, v in secs.items()]
@@ -377,7 +396,7 @@ def write_report(results: dict, out_dir: str | Path) -> None:
     p = results["preset"]
     snippet = [f"From a real run of `{cmd}` (full report: `{out / 'report.md'}`): the `{p['model_preset']}` model "
                f"{p['model_overrides'] or ''}, {p['steps']} steps x {p['batch_size']} x {p['train_len']} tokens per method "
-               f"and seed, passkey samples mixed into training at rate {p['mix_rate']} at the training length only; "
+               f"and seed, {mix_text(p)}; "
                f"{p['trials']} prompts per (length, depth) cell, exact match; mean [min-max] over seeds {results['seeds']}.",
                "", passkey_table(results), "", *results["verdicts"], ""]
     atomic_write_text(out / "README-snippet.md", "\n".join(snippet))

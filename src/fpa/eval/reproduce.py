@@ -10,6 +10,7 @@ Under torchrun (WORLD_SIZE > 1) every rank trains, one stage at a time; rank 0 a
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -54,6 +55,16 @@ def runs_of(p: ReproducePreset, methods: tuple[str, ...] | None, seeds: tuple[in
     return sorted(runs, key=lambda r: (r["ablation"], r["seed"]))  # seed by seed: the first seed is the control
 
 
+def same_preset(saved: dict, p: ReproducePreset) -> bool:
+    """Whether a run folder's recorded preset is ``p``; a setting the record lacks (added to
+    ReproducePreset after the run) counts as its default."""
+    defaults = {f.name: f.default for f in dataclasses.fields(ReproducePreset)
+                if f.default is not dataclasses.MISSING}
+    now = p.to_dict()
+    old = {**{k: defaults[k] for k in now if k not in saved and k in defaults}, **saved}
+    return json.dumps(old, sort_keys=True) == json.dumps(now, sort_keys=True)
+
+
 def run_id(run: dict) -> str:
     return f"{run['name']}-s{run['seed']}"
 
@@ -66,7 +77,7 @@ def _train_config(p: ReproducePreset, out: Path, data_dir: Path, run: dict, prog
         fpa_mode=run["mode"], model_overrides={**p.model_overrides, **run["overrides"]}, seq_len=p.train_len,
         batch_size=p.batch_size, grad_accum=p.grad_accum, steps=p.steps, lr=p.lr, warmup_steps=p.warmup_steps,
         seed=run["seed"], ckpt_every=max(1, p.steps // 4), eval_every=p.eval_every or p.steps,
-        log_every=max(1, p.steps // 20), device=p.device, mix_task="passkey", mix_rate=p.mix_rate,
+        log_every=max(1, p.steps // 20), device=p.device, mix_task=p.mix_task, mix_rate=p.mix_rate,
         progress=progress, tokenizer=p.tokenizer, **run.get("train_overrides", {}))
 
 
@@ -141,8 +152,11 @@ def kvpress_available() -> str | None:
 def curve_policies(p: ReproducePreset, run: dict) -> list[str]:
     """The cache policies evaluated on a run: the full cache and the model's own threshold rule
     (FPA, FoX) on every non-ablation run; the budget policies and the hybrids (own rule, then a
-    budget) on the preset's ``budget_methods``."""
+    budget) on the preset's ``budget_methods``; none when the preset has no ``cache_multiples``."""
     from fpa.eval.kv import BUDGET_POLICIES, THRESHOLD_POLICIES, hybrids_for
+
+    if not p.cache_multiples:
+        return []
 
     own = [THRESHOLD_POLICIES[run["attention"]]] if run["attention"] in THRESHOLD_POLICIES else []
     if run["ablation"]:
@@ -176,7 +190,7 @@ def reproduce(p: ReproducePreset, out_dir: str | Path, progress: bool = True,
     if _is_main():  # the corpus and the trained models stay out of git; the report and results go in
         atomic_write_text(out / ".gitignore", "data/\nmodels/\n")
     cfg = stages.run("config", p.to_dict)
-    if json.dumps(cfg) != json.dumps(p.to_dict()):
+    if not same_preset(cfg, p):
         raise ValueError(f"out_dir {out} holds a run of another configuration (preset {cfg.get('name')!r}); "
                          f"use another --out or delete it")
     data_dir = out / "data"

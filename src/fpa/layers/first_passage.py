@@ -18,7 +18,8 @@ from torch import Tensor, nn
 
 from fpa.cache.layer import LayerCache, LayerInfo
 from fpa.layers.base import AttentionBase
-from fpa.layers.fpa_form import continue_walk, dense_weights, fpa_cached, pad_out
+from fpa.layers.fpa_form import (continue_walk, dense_weights, evicting_attention, evicting_bias, fpa_cached,
+                                 pad_out)
 from fpa.ops import first_passage_attention
 
 FPA_MODES = ("free", "walk")
@@ -65,6 +66,9 @@ class FirstPassageAttention(AttentionBase):
     keeps one-layer heads out of that dead zone, but its initial recency bias (beta * tanh(|b|)
     per token) stopped a language model from learning long-range retrieval (docs/synthetic.md
     has both measurements; ``fpa.tasks.diagnostic`` reruns the synthetic one).
+
+    ``set_training_eviction(threshold)`` trains with the cache's eviction rule in the loop (a key
+    whose penalty passes the threshold is masked out, as FPAEviction evicts it); off by default.
 
     ``field_lr_multiplier`` (default 1.0): the field heads, the level offset (or its projection)
     and beta (``field_parameters()``) train at that multiple of the learning rate
@@ -122,6 +126,18 @@ class FirstPassageAttention(AttentionBase):
         if beta_activation == "exp":  # the same initial beta, softplus(beta_init), in log space (no tensor: meta init)
             beta0 = math.log(max(beta0, 0.0) + math.log1p(math.exp(-abs(beta0))))
         self.beta_param = nn.Parameter(torch.full((num_heads,), beta0))
+
+    training_eviction_threshold: float | None = None
+
+    def set_training_eviction(self, threshold: float | None) -> None:
+        """In training mode (and without a cache), mask key j out of query i once beta * dip(i, j) >
+        ``threshold``: the rule fpa.cache.FPAEviction(threshold) applies when decoding, so the model
+        learns under the eviction it will be served with (fpa_form.evicting_attention; dense,
+        O(T^2) memory). None turns it off. Evaluation mode is unchanged (use the cache policy)."""
+        if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, (int, float))
+                                      or not math.isfinite(threshold) or threshold < 0):
+            raise ValueError(f"threshold must be a finite number >= 0 or None, got {threshold!r}")
+        self.training_eviction_threshold = None if threshold is None else float(threshold)
 
     @property
     def beta(self) -> Tensor:
@@ -182,6 +198,10 @@ class FirstPassageAttention(AttentionBase):
 
     def _attend(self, q, k, v, x, state, offset, mask=None, pos=None, need_weights=False):
         field, level = self.field_level(x, state, mask)
+        if state is None and self.training and self.training_eviction_threshold is not None:
+            bias = evicting_bias(field, level, self.beta, self.training_eviction_threshold,
+                                 self.num_heads // self.num_kv_heads)
+            return evicting_attention(q, k, v, bias, self.scale, need_weights)
         if state is None:
             o = first_passage_attention(q, k, v, field, level, beta=self.beta, backend=self.backend,
                                         check_inputs=False)  # built here: no value checks, no host sync

@@ -11,6 +11,8 @@ from fpa.cache.layer import LayerCache
 from fpa.cache.paged import fpa_past_bias
 from fpa.cache.storage import PAD_BIG
 from fpa.cache.weights import attention_weights, fpa_bias
+from fpa.ops.field import range_min
+from fpa.ops.softmax import causal_softmax_attention
 
 
 def pad_out(field: Tensor, level: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor]:
@@ -25,6 +27,38 @@ def dense_weights(q: Tensor, k: Tensor, field: Tensor, level: Tensor, beta) -> T
     """Attention probabilities (B, Hq, T, T) of a whole sequence, FPA penalties included."""
     b = beta.detach() if torch.is_tensor(beta) else beta
     return attention_weights(q, k, fpa_bias(field, level, field[..., :0], b), q.shape[-1] ** -0.5)
+
+
+def evicting_bias(field: Tensor, level: Tensor, beta: Tensor, threshold: float, groups: int = 1) -> Tensor:
+    """The FPA bias with the cache's threshold rule inside attention (eviction in the training
+    loop): -beta * dip(i, j), and -inf for every key j < i that fpa.cache.FPAEviction(threshold)
+    has evicted before query i arrives when decoding token by token, i.e. once beta * dip(i - 1, j)
+    > threshold for every query head of its KV group (``groups`` consecutive heads share one KV
+    head, and the cache holds one copy of the key for all of them); the penalty only grows, so it
+    stays out for every later query. Training and
+    token-by-token decoding under the rule then compute the same thing. Gradients flow through the
+    penalties of the keys kept. field, level (B, H, T), beta (H,) -> (B, H, T, T) float32, -inf
+    above the diagonal (float64 for float64 inputs)."""
+    dt = torch.float64 if torch.float64 in (field.dtype, level.dtype) else torch.float32
+    T = field.shape[-1]
+    dip = torch.relu(level.to(dt)[..., None, :] - range_min(field.to(dt)))  # (B, H, T, T)
+    bias = (-beta.to(dt)[None, :, None, None] * dip).masked_fill(
+        torch.ones(T, T, dtype=torch.bool, device=field.device).triu(1), float("-inf"))
+    gone = torch.isfinite(bias) & (bias < -threshold)  # (i, j): evicted after query i
+    if groups > 1:
+        B, H = gone.shape[:2]
+        gone = gone.view(B, H // groups, groups, T, T).all(2).repeat_interleave(groups, 1)
+    before = torch.zeros_like(gone)
+    before[..., 1:, :] = gone[..., :-1, :]  # evicted before query i: after query i - 1
+    return bias.masked_fill(before, float("-inf"))
+
+
+def evicting_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float,
+                       need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+    """Dense attention under ``evicting_bias``: q (B, Hq, T, D), k, v (B, Hkv, T, D), bias
+    (B, Hq, T, T) -> ((B, Hq, T, D), weights (B, Hq, T, T) or None). O(T^2) memory."""
+    out = causal_softmax_attention(q, k, v, bias, scale)
+    return out, (attention_weights(q, k, bias.detach(), scale) if need_weights else None)
 
 
 def continue_walk(increments: Tensor, state: LayerCache | None) -> Tensor:

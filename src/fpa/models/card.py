@@ -11,7 +11,8 @@ from fpa.data.atomic import atomic_write_text
 CARD_FILE = "README.md"
 _CONFIG_FIELDS = ("attention", "fpa_mode", "num_hidden_layers", "hidden_size", "num_attention_heads",
                   "num_key_value_heads", "intermediate_size", "vocab_size", "qk_norm", "output_gate",
-                  "fpa_level_offset", "tie_word_embeddings")
+                  "fpa_level_offset", "fpa_level_offset_bias_init", "fpa_walk_increment", "fpa_walk_bias_init",
+                  "fpa_beta_activation", "fpa_field_lr_multiplier", "tie_word_embeddings")
 
 
 def _fmt(v) -> str:
@@ -34,7 +35,8 @@ def model_card(config, training: dict | None = None, passkey: dict | None = None
              'tokenizer = AutoTokenizer.from_pretrained("path/to/this/folder")',
              'print(pipeline("text-generation", model=model, tokenizer=tokenizer)("def ", max_new_tokens=20))',
              "```", "", "## Configuration", "", "| field | value |", "|---|---|"]
-    lines += [f"| {k} | {_fmt(getattr(config, k, None))} |" for k in _CONFIG_FIELDS]
+    lines += [f"| {k} | {_fmt(getattr(config, k, None))} |" for k in _CONFIG_FIELDS
+              if config.attention == "fpa" or not k.startswith("fpa_")]
     if n_parameters is not None:
         lines.append(f"| parameters | {n_parameters:,} |")
     lines += ["", "## Training", ""]

@@ -29,6 +29,15 @@ _SIGNATURE_FIELDS = ("attention", "fpa_mode", "num_hidden_layers", "hidden_size"
                      "num_key_value_heads", "fpa_level_offset", "qk_norm", "vocab_size")
 
 
+def cache_signature(config) -> dict:
+    """What a cache remembers of the model that filled it; fpa_level_offset True and "head" are
+    the same model (one learned constant per head) and sign the same."""
+    sig = {k: getattr(config, k, None) for k in _SIGNATURE_FIELDS}
+    if sig["fpa_level_offset"] is True:
+        sig["fpa_level_offset"] = "head"
+    return sig
+
+
 def output_cache(out) -> Cache | None:
     """The cache of a model output, under whichever name the installed transformers uses."""
     return out.get(CACHE_ARG) if hasattr(out, "get") else getattr(out, CACHE_ARG, None)
@@ -111,7 +120,7 @@ class FPAModel(FPAPreTrainedModel):
             use_cache, cache = False, None  # recomputation and a growing cache do not mix
         cache = _resolve_cache(cache, use_cache)
         if cache is not None:
-            cache.bind({k: getattr(self.config, k, None) for k in _SIGNATURE_FIELDS})
+            cache.bind(cache_signature(self.config))
         past = 0 if cache is None else cache.get_seq_length()
         mask = _new_token_mask(attention_mask, B, T, past, x.device)
         pos = None

@@ -8,12 +8,15 @@ int64 array of seq_len + 1 token ids`` (inputs are [:-1], next-token targets [1:
 
 TASK_MIXERS = {
     "passkey": "fpa.tasks.passkey:passkey_training_sample",
+    "copy": "fpa.tasks.copy:copy_training_sample",
+    "passkey+copy": "fpa.tasks.copy:passkey_or_copy_sample",
 }
 
 # Task probes: "module:function" with f(model, tokenizer, seq_len, device=...) -> float, a loss on
 # fixed task samples that the trainer logs as ``task_loss`` at every evaluation.
 TASK_PROBES = {
     "passkey": "fpa.tasks.passkey:answer_loss",
+    "passkey+copy": "fpa.tasks.passkey:answer_loss",
 }
 
 

@@ -35,6 +35,8 @@ class TrainConfig:
     is defined (``Task.prefix_answers``; final query only for tasks without one), Adam with
     ``warmup`` linear warm-up steps then cosine decay to 0, each model's gradient norm clipped at ``clip``.
     ``RECIPES["legacy"]`` is the first protocol: final-query loss, constant lr 1e-2, 400 x 32.
+    ``long_every`` > 0 is a length curriculum: every ``long_every``-th step trains on a batch at
+    ``long_factor`` x the training length (its own sequences; the evaluation lengths stay 1x and 4x).
     """
 
     steps: int = 1600
@@ -47,6 +49,14 @@ class TrainConfig:
     schedule: str = "cosine"  # "cosine" (after warm-up) or "constant"
     warmup: int = 40
     clip: float = 1.0  # max gradient norm per packed model; 0 = no clipping
+    long_every: int = 0  # 0: every batch at the training length
+    long_factor: int = 2
+
+    def __post_init__(self) -> None:
+        for name in ("long_every", "long_factor"):
+            val = getattr(self, name)
+            if isinstance(val, bool) or not isinstance(val, int) or val < (0 if name == "long_every" else 1):
+                raise ValueError(f"{name} must be an int >= {0 if name == 'long_every' else 1}, got {val!r}")
 
 
 RECIPES: dict[str, dict] = {
@@ -73,6 +83,7 @@ class CellData:
 
     train: TaskBatch
     evals: dict[int, TaskBatch]  # length factor -> held-out batch
+    train_long: TaskBatch | None = None  # the curriculum's batches at long_factor x the length
 
 
 def _stack_seeds(task_name: str, m: int, seeds: tuple[int, ...], n: int, factor: int, split: int) -> TaskBatch:
@@ -86,7 +97,10 @@ def _stack_seeds(task_name: str, m: int, seeds: tuple[int, ...], n: int, factor:
 def make_cell_data(task: str, m: int, seeds: tuple[int, ...], cfg: TrainConfig) -> CellData:
     train = _stack_seeds(task, m, seeds, cfg.steps * cfg.batch, 1, 0)
     evals = {f: _stack_seeds(task, m, seeds, cfg.eval_n, f, 1) for f in EVAL_LENGTH_FACTORS}
-    return CellData(train, evals)
+    long = None
+    if cfg.long_every:
+        long = _stack_seeds(task, m, seeds, (cfg.steps // cfg.long_every) * cfg.batch, cfg.long_factor, 2)
+    return CellData(train, evals, long)
 
 
 def _tensors(b: TaskBatch, sl: slice) -> tuple[torch.Tensor, ...]:
@@ -119,11 +133,18 @@ def train_cell(task: str, method: str, dim: int, m: int, seeds: tuple[int, ...],
     model = PackedModels(method, len(seeds), task_obj.vocab_size, dim, cfg.embed_dim, layer_kwargs)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(cfg, step))
-    dense = task_obj.prefix_answers(data.train.tokens) if cfg.dense else None
+    if cfg.long_every and data.train_long is None:
+        raise ValueError("cfg.long_every is set but data has no train_long batches; build it with make_cell_data(..., cfg)")
+    dense_of = {id(b): task_obj.prefix_answers(b.tokens) for b in (data.train, data.train_long)
+                if b is not None and cfg.dense}
     curve: list[list[float]] = [[] for _ in seeds]
     for step in range(cfg.steps):
-        sl = slice(step * cfg.batch, (step + 1) * cfg.batch)
-        tok, _, ans, tol = _tensors(data.train, sl)
+        src, i = data.train, step
+        if cfg.long_every and step % cfg.long_every == cfg.long_every - 1:
+            src, i = data.train_long, step // cfg.long_every
+        sl = slice(i * cfg.batch, (i + 1) * cfg.batch)
+        tok, _, ans, tol = _tensors(src, sl)
+        dense = dense_of.get(id(src))
         if dense is None:
             err = ((model(tok) - ans) / tol) ** 2  # (B, S): squared error in units of the tolerance
         else:  # mean squared error (in tolerance units) over the positions with a defined answer

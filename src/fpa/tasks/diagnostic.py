@@ -51,19 +51,22 @@ CELLS = (("stack", 2, 1), ("stack", 16, 4), ("stack", 32, 8), ("calls", 4, 1), (
 SEEDS = tuple(range(30, 38))  # never used by the grids (0-4) or the quick preset (0-2)
 
 
-def run(variants: dict[str, tuple[dict, int]] = VARIANTS, cells=CELLS, seeds=SEEDS, progress: bool = True) -> list[dict]:
-    """One row per (variant, cell): success count, per-seed target mass and accuracy at 1x and 4x."""
+def run(variants: dict[str, tuple] = VARIANTS, cells=CELLS, seeds=SEEDS, progress: bool = True) -> list[dict]:
+    """One row per (variant, cell): success count, per-seed target mass and accuracy at 1x and 4x.
+    A variant is (layer kwargs, steps) or (layer kwargs, steps, TrainConfig overrides), e.g. a
+    length curriculum {"long_every": 4}."""
     rows = []
     bar = tqdm(total=len(variants) * len(cells), disable=not progress, desc="diagnostic")
-    for name, (kw, steps) in variants.items():
-        cfg = TrainConfig(steps=steps)
+    for name, (kw, steps, *train_kw) in variants.items():
+        cfg = TrainConfig(steps=steps, **(train_kw[0] if train_kw else {}))
         for task, m, d in cells:
             bar.set_postfix_str(f"{name} {task} m={m} d={d}")
             recs = train_cell(task, "fpa_walk", d, m, tuple(seeds), cfg, make_cell_data(task, m, tuple(seeds), cfg),
                               layer_kwargs=kw)
             per = {f: {k: [r["per_length"][f][k] for r in recs] for k in ("target_mass", "accuracy")} for f in ("1x", "4x")}
             stuck = sum(r["per_length"]["1x"]["target_mass"] < 0.5 for r in recs)
-            rows.append(dict(variant=name, layer_kwargs=kw, steps=steps, task=task, m=m, dim=d, seeds=list(seeds),
+            rows.append(dict(variant=name, layer_kwargs=kw, steps=steps, train_overrides=train_kw[0] if train_kw else {},
+                             task=task, m=m, dim=d, seeds=list(seeds),
                              success=sum(r["success"] for r in recs), stuck=stuck, per_length=per))
             bar.update()
     bar.close()

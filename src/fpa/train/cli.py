@@ -44,6 +44,8 @@ HELP = {
     "mix_rate": "fraction of sequences replaced by --mix-task samples, in [0, 1]",
     "live_reg": "weight of the live-fraction regularizer (fpa.train.regularizers; 0: off; FPA models only)",
     "live_reg_tau": "eviction threshold whose soft kept fraction the live-fraction regularizer penalises",
+    "evict_tau": "train with FPA's eviction rule in the loop: mask a key once beta * dip > EVICT_TAU, as "
+                 "FPAEviction(EVICT_TAU) evicts it when decoding (FPA models only; default: off)",
 }
 
 
@@ -93,6 +95,8 @@ def _train_flags(p: argparse.ArgumentParser) -> None:
         kind = {int: int, float: float}.get(type(default), str)
         if f.name in ("vocab_size", "max_bytes"):
             kind = int
+        if f.name == "evict_tau":
+            kind = float
         p.add_argument("--" + f.name.replace("_", "-"), type=kind, default=None, choices=_choices(f.name),
                        help=f"{HELP.get(f.name, f'TrainConfig.{f.name}')} (default {default!r})")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -56,6 +57,7 @@ class TrainConfig:
     tensorboard: bool = False
     live_reg: float = 0.0  # weight of fpa.train.regularizers.LiveFractionRegularizer (0 = off; FPA models only)
     live_reg_tau: float = 16.0  # the eviction threshold whose soft kept fraction it penalises
+    evict_tau: float | None = None  # train with FPAEviction(evict_tau) inside attention (None = off; FPA only)
 
     def __post_init__(self) -> None:
         self.out_dir = str(self.out_dir)
@@ -75,6 +77,12 @@ class TrainConfig:
             if isinstance(val, bool) or not isinstance(val, (int, float)) or val < 0 or (name == "live_reg_tau" and val == 0):
                 raise ValueError(f"{name} must be a {'positive' if name == 'live_reg_tau' else 'non-negative'} "
                                  f"number, got {val!r}")
+        if self.evict_tau is not None:
+            if isinstance(self.evict_tau, bool) or not isinstance(self.evict_tau, (int, float)) \
+                    or not math.isfinite(self.evict_tau) or self.evict_tau < 0:
+                raise ValueError(f"evict_tau must be a finite number >= 0 or None, got {self.evict_tau!r}")
+            if self.attention != "fpa":
+                raise ValueError(f"evict_tau needs attention='fpa' (it applies FPA's eviction rule), got {self.attention!r}")
         if self.live_reg > 0 and self.attention != "fpa":
             raise ValueError(f"live_reg needs attention='fpa' (it regularises FPA's penalties), got {self.attention!r}")
         for name in ("lr", "weight_decay", "grad_clip"):

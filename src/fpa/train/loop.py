@@ -20,13 +20,13 @@ from fpa.train.batches import StepBatches, eval_windows
 from fpa.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from fpa.train.config import TrainConfig
 from fpa.train.metrics import MetricsLog
-from fpa.train.model_setup import build_model, build_optimizer
+from fpa.train.model_setup import build_model, build_optimizer, set_training_eviction
 from fpa.train.schedule import lr_at
 
 MODEL_DIR = "model"
 # settings a checkpoint must share with the run that resumes it (they define the model or the data stream)
 RESUME_KEYS = ("preset", "attention", "fpa_mode", "model_overrides", "seed", "batch_size", "seq_len", "tokenizer",
-               "mix_task", "mix_rate", "live_reg", "live_reg_tau")
+               "mix_task", "mix_rate", "live_reg", "live_reg_tau", "evict_tau")
 
 
 def resolve_data(cfg: TrainConfig, d: D.Dist) -> Path:
@@ -191,6 +191,8 @@ def _run(cfg: TrainConfig, d: D.Dist, on_step) -> dict:
 
         probe = get_probe(cfg.mix_task)
     model = build_model(cfg, tok.vocab_size).to(d.device)
+    if cfg.evict_tau is not None:
+        set_training_eviction(model, cfg.evict_tau)
     model = D.wrap(model, d)
     opt = build_optimizer(model, cfg)
     reg = None

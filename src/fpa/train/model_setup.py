@@ -24,6 +24,20 @@ def build_model(cfg: TrainConfig, vocab_size: int) -> FPAForCausalLM:
     return FPAForCausalLM(model_config(cfg, vocab_size))
 
 
+def set_training_eviction(model: nn.Module, threshold: float | None) -> int:
+    """Eviction in the training loop: every FirstPassageAttention layer of ``model`` masks a key out
+    once beta * dip > ``threshold`` in training mode (``set_training_eviction``); None turns it off.
+    Returns the number of layers set; ValueError if the model has none."""
+    from fpa.layers.attention import FirstPassageAttention
+
+    layers = [m for m in model.modules() if isinstance(m, FirstPassageAttention)]
+    if not layers:
+        raise ValueError("eviction in the training loop needs a model with FPA attention layers")
+    for m in layers:
+        m.set_training_eviction(threshold)
+    return len(layers)
+
+
 def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     """Optimizer parameter groups of a model: weight decay on matrices (>= 2-D parameters) only,
     and each group's ``lr_multiplier`` (1.0, or a layer's own, e.g. FirstPassageAttention's

@@ -1,0 +1,35 @@
+"""``fpa train --evict-tau``: the trainer trains FPA under its eviction rule (training mode only)."""
+
+import pytest
+
+import fpa.layers.first_passage as first_passage
+from fpa.cli import main
+from fpa.train import train
+
+
+def test_trainer_trains_through_the_evicting_attention(tiny_cfg, monkeypatch):
+    calls = []
+    real = first_passage.evicting_attention
+
+    def counting(*args, **kw):
+        calls.append(args[3].shape)  # the bias (B, H, T, T)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(first_passage, "evicting_attention", counting)
+    summary = train(tiny_cfg(attention="fpa", fpa_mode="walk", steps=2, eval_every=2, evict_tau=2.0))
+    assert summary["steps"] == 2 and summary["final_train_loss"] is not None
+    # 2 layers x 2 steps in training; the held-out evaluation (eval mode) does not use it
+    assert len(calls) == 4 and calls[0] == (4, 2, 65, 65)  # a window is seq_len + 1 tokens (labels = inputs)
+
+
+def test_resume_with_another_threshold_is_refused(tiny_cfg):
+    train(tiny_cfg(attention="fpa", fpa_mode="walk", steps=4, evict_tau=2.0))
+    with pytest.raises(ValueError, match=r"settings differ.*'evict_tau': \(2.0, 4.0\)"):
+        train(tiny_cfg(attention="fpa", fpa_mode="walk", steps=6, evict_tau=4.0))
+
+
+def test_cli_flag_is_a_float_and_bad_values_are_clean_errors(tmp_path, capsys):
+    assert main(["train", "--out-dir", str(tmp_path / "r"), "--attention", "fox", "--evict-tau", "2"]) == 2
+    assert "evict_tau needs attention='fpa'" in capsys.readouterr().err
+    assert main(["train", "--out-dir", str(tmp_path / "r"), "--attention", "fpa", "--evict-tau", "-1"]) == 2
+    assert "evict_tau must be a finite number >= 0" in capsys.readouterr().err
