@@ -22,6 +22,21 @@ def test_trainer_trains_through_the_evicting_attention(tiny_cfg, monkeypatch):
     assert len(calls) == 4 and calls[0] == (4, 2, 65, 65)  # a window is seq_len + 1 tokens (labels = inputs)
 
 
+def test_eviction_starts_at_evict_from_step_also_after_a_resume(tiny_cfg, monkeypatch):
+    calls = []
+    real = first_passage.evicting_attention
+    monkeypatch.setattr(first_passage, "evicting_attention", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    train(tiny_cfg(attention="fpa", fpa_mode="walk", steps=4, ckpt_every=2, eval_every=4, evict_tau=2.0,
+                   evict_from_step=3))
+    assert len(calls) == 2  # step 3 only, 2 layers
+    calls.clear()
+    train(tiny_cfg(attention="fpa", fpa_mode="walk", steps=6, ckpt_every=2, eval_every=4, evict_tau=2.0,
+                   evict_from_step=3))  # resumes at step 4: eviction on from the start
+    assert len(calls) == 4
+    with pytest.raises(ValueError, match="evict_from_step is 3 but evict_tau is not set"):
+        tiny_cfg(attention="fpa", evict_from_step=3)
+
+
 def test_resume_with_another_threshold_is_refused(tiny_cfg):
     train(tiny_cfg(attention="fpa", fpa_mode="walk", steps=4, evict_tau=2.0))
     with pytest.raises(ValueError, match=r"settings differ.*'evict_tau': \(2.0, 4.0\)"):

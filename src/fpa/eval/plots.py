@@ -30,20 +30,41 @@ def smooth(y: np.ndarray, window: int) -> np.ndarray:
     return (c[window:] - c[:-window]) / window
 
 
+MARKERS = ("o", "s", "^", "v", "D", "x", "P", "*")
+
+
+def series_styles(names: list[str], dashed: tuple[str, ...] = ()) -> dict[str, dict]:
+    """Matplotlib styles that tell every series apart: the main series (not in ``dashed``) solid,
+    one tab10 colour each; the ``dashed`` ones dashed, cycling the colours with another marker
+    per round of ten."""
+    import matplotlib
+
+    colours = matplotlib.colormaps["tab10"].colors
+    out, main, extra = {}, [n for n in names if n not in dashed], [n for n in names if n in dashed]
+    for i, n in enumerate(main):
+        out[n] = dict(color=colours[i % 10], ls="-", marker=MARKERS[(i // 10) % len(MARKERS)])
+    for i, n in enumerate(extra):
+        j = i + len(main)
+        out[n] = dict(color=colours[j % 10], ls="--", marker=MARKERS[(1 + j // 10) % len(MARKERS)])
+    return out
+
+
 def plot_loss_curves(curves: dict[str, list[float]], train_len: int, path: str | Path,
                      dashed: tuple[str, ...] = ()) -> None:
     """Per-position held-out loss (T,) per method, smoothed over train_len / 8 positions; the
     methods named in ``dashed`` (ablations) drawn dashed."""
-    fig, ax = _figure(figsize=(7, 4))
+    fig, ax = _figure(figsize=(7 + (1.8 if len(curves) > 6 else 0), 4))
     w = max(1, train_len // 8)
+    styles = series_styles(list(curves), dashed)
     for name, y in curves.items():
         s = smooth(np.asarray(y), w)
-        ax.plot(np.arange(len(s)) + w, s, label=name, lw=1.2, ls="--" if name in dashed else "-")
-    ax.axvline(train_len, color="k", ls="--", lw=0.8, label="training length")
+        st = styles[name]
+        ax.plot(np.arange(len(s)) + w, s, label=name, lw=1.2, color=st["color"], ls=st["ls"])
+    ax.axvline(train_len, color="k", ls=":", lw=0.8, label="training length")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("context (tokens)")
     ax.set_ylabel(f"loss (nats/token, moving average of {w})")
-    ax.legend(fontsize=8)
+    _legend(ax, len(curves))
     _save(fig, path)
 
 
@@ -112,22 +133,33 @@ def plot_cache_curves(curves: dict[str, dict[str, list[dict]]], multiple: str, p
     _save(fig, path)
 
 
-def plot_task_curves(curves: dict[str, dict], path: str | Path, floor: float | None = None) -> None:
+def _legend(ax, n: int) -> None:
+    """In the axes for a few series; beside them, in one column, for many."""
+    if n > 6:
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    else:
+        ax.legend(fontsize=8)
+
+
+def plot_task_curves(curves: dict[str, dict], path: str | Path, floor: float | None = None,
+                     dashed: tuple[str, ...] = ()) -> None:
     """Answer loss on fixed passkey samples against training step, per method: mean over seeds
-    (line) and min to max (band). curves[method] = {"steps", "mean", "min", "max"}."""
-    fig, ax = _figure(figsize=(7.5, 4.2))
-    for i, (name, c) in enumerate(curves.items()):
+    (line) and min to max (band); the methods in ``dashed`` (ablations, one seed) dashed.
+    curves[method] = {"steps", "mean", "min", "max"}."""
+    fig, ax = _figure(figsize=(7.5 + (1.8 if len(curves) > 6 else 0), 4.2))
+    styles = series_styles(list(curves), dashed)
+    for name, c in curves.items():
         if not c["steps"]:
             continue
-        ls = "--" if name.endswith(("-lr1", "-legacy")) else "-"
-        line, = ax.plot(c["steps"], c["mean"], ls=ls, marker="o", ms=3, lw=1.3, label=name)
-        ax.fill_between(c["steps"], c["min"], c["max"], color=line.get_color(), alpha=0.15)
+        st = styles[name]
+        ax.plot(c["steps"], c["mean"], ls=st["ls"], marker=st["marker"], color=st["color"], ms=3, lw=1.3, label=name)
+        ax.fill_between(c["steps"], c["min"], c["max"], color=st["color"], alpha=0.15)
     if floor is not None:
         ax.axhline(floor, color="grey", ls=":", lw=0.8, label="no copying: (5/6) ln 10")
     ax.set_xlabel("training step")
     ax.set_ylabel("answer loss (nats/token)")
     ax.set_title("Passkey answer loss during training (band: min to max over seeds)", fontsize=10)
-    ax.legend(fontsize=7, ncol=2)
+    _legend(ax, len(curves) + (floor is not None))
     _save(fig, path)
 
 

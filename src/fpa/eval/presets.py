@@ -33,6 +33,10 @@ ABLATIONS = (
     ("fpa-walk-evict2", "fpa", "walk", {}, {"evict_tau": 2.0}, True),
     ("fpa-walk-offset-evict2", "fpa", "walk", {"fpa_level_offset": True}, {"evict_tau": 2.0}, True),
     ("fpa-walk-tokenoffset-evict2", "fpa", "walk", {"fpa_level_offset": "token"}, {"evict_tau": 2.0}, True),
+    # ... from the middle of the run on, once the copy is learned (from step 0 it never was)
+    ("fpa-walk-evict2-late", "fpa", "walk", {}, {"evict_tau": 2.0, "evict_from_step": 750}, True),
+    ("fpa-walk-offset-evict2-late", "fpa", "walk", {"fpa_level_offset": True},
+     {"evict_tau": 2.0, "evict_from_step": 750}, True),
 )
 
 @dataclass(frozen=True)

@@ -131,8 +131,9 @@ def below_floor_table(results: dict) -> str:
             for k in mults:
                 full = e["cache_curve"]["full"][0]
                 best = _lossless_one(e["cache_curve"]["fpa"], full, k)
-                cells += [_pct(full["accuracy_by_multiple"][k]),
-                          "none" if best is None else f"{100 * best['kept_fraction']:.1f}% (tau={best['setting']:g})"]
+                acc = full["accuracy_by_multiple"][k]
+                cells += [_pct(acc), "none" if best is None else f"{100 * best['kept_fraction']:.1f}% (tau="
+                          f"{best['setting']:g})" + (", nothing to lose" if acc == 0 else "")]
             rows.append(f"| {name} | {seed} | {vs} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
@@ -338,8 +339,9 @@ def _figures(results: dict, out: Path) -> dict[str, str]:
     plots.plot_loss_curves({n: m["loss"]["curve"] for n, m in ms.items()}, L, out / "loss-curves.png",
                            dashed=tuple(n for n, m in ms.items() if m.get("ablation")))
     figs["Per-position held-out loss (mean over seeds)"] = "loss-curves.png"
-    plots.plot_task_curves({n: m["task_loss_curve"] for n, m in ms.items()}, out / "answer-loss.png", NO_COPY_FLOOR)
-    figs["Answer loss during training (the ablation dashed)"] = "answer-loss.png"
+    plots.plot_task_curves({n: m["task_loss_curve"] for n, m in ms.items()}, out / "answer-loss.png", NO_COPY_FLOOR,
+                           dashed=tuple(n for n, m in ms.items() if m.get("ablation")))
+    figs["Answer loss during training (the ablations dashed)"] = "answer-loss.png"
     for n, m in ms.items():
         n_seeds = m["passkey"]["n_seeds"]
         plots.plot_heatmap(m["passkey"], L, f"{n}: passkey accuracy, full cache "

@@ -46,6 +46,7 @@ HELP = {
     "live_reg_tau": "eviction threshold whose soft kept fraction the live-fraction regularizer penalises",
     "evict_tau": "train with FPA's eviction rule in the loop: mask a key once beta * dip > EVICT_TAU, as "
                  "FPAEviction(EVICT_TAU) evicts it when decoding (FPA models only; default: off)",
+    "evict_from_step": "first step trained under --evict-tau (before it, attention as usual)",
 }
 
 

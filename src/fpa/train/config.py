@@ -58,6 +58,7 @@ class TrainConfig:
     live_reg: float = 0.0  # weight of fpa.train.regularizers.LiveFractionRegularizer (0 = off; FPA models only)
     live_reg_tau: float = 16.0  # the eviction threshold whose soft kept fraction it penalises
     evict_tau: float | None = None  # train with FPAEviction(evict_tau) inside attention (None = off; FPA only)
+    evict_from_step: int = 0  # ... from this step on (before it, attention as usual)
 
     def __post_init__(self) -> None:
         self.out_dir = str(self.out_dir)
@@ -68,7 +69,7 @@ class TrainConfig:
             val = getattr(self, name)
             if not isinstance(val, int) or isinstance(val, bool) or val <= 0:
                 raise ValueError(f"{name} must be a positive int, got {val!r}")
-        for name in ("warmup_steps", "seed"):
+        for name in ("warmup_steps", "seed", "evict_from_step"):
             val = getattr(self, name)
             if not isinstance(val, int) or val < 0:
                 raise ValueError(f"{name} must be a non-negative int, got {val!r}")
@@ -83,6 +84,8 @@ class TrainConfig:
                 raise ValueError(f"evict_tau must be a finite number >= 0 or None, got {self.evict_tau!r}")
             if self.attention != "fpa":
                 raise ValueError(f"evict_tau needs attention='fpa' (it applies FPA's eviction rule), got {self.attention!r}")
+        elif self.evict_from_step:
+            raise ValueError(f"evict_from_step is {self.evict_from_step} but evict_tau is not set")
         if self.live_reg > 0 and self.attention != "fpa":
             raise ValueError(f"live_reg needs attention='fpa' (it regularises FPA's penalties), got {self.attention!r}")
         for name in ("lr", "weight_decay", "grad_clip"):

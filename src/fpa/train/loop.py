@@ -26,7 +26,7 @@ from fpa.train.schedule import lr_at
 MODEL_DIR = "model"
 # settings a checkpoint must share with the run that resumes it (they define the model or the data stream)
 RESUME_KEYS = ("preset", "attention", "fpa_mode", "model_overrides", "seed", "batch_size", "seq_len", "tokenizer",
-               "mix_task", "mix_rate", "live_reg", "live_reg_tau", "evict_tau")
+               "mix_task", "mix_rate", "live_reg", "live_reg_tau", "evict_tau", "evict_from_step")
 
 
 def resolve_data(cfg: TrainConfig, d: D.Dist) -> Path:
@@ -191,8 +191,6 @@ def _run(cfg: TrainConfig, d: D.Dist, on_step) -> dict:
 
         probe = get_probe(cfg.mix_task)
     model = build_model(cfg, tok.vocab_size).to(d.device)
-    if cfg.evict_tau is not None:
-        set_training_eviction(model, cfg.evict_tau)
     model = D.wrap(model, d)
     opt = build_optimizer(model, cfg)
     reg = None
@@ -212,6 +210,8 @@ def _run(cfg: TrainConfig, d: D.Dist, on_step) -> dict:
     model.train()
     for step in range(start, cfg.steps):
         t0 = time.perf_counter()
+        if cfg.evict_tau is not None and step in (start, cfg.evict_from_step):
+            set_training_eviction(model, cfg.evict_tau if step >= cfg.evict_from_step else None)
         rec = _train_step(model, opt, batches, step, cfg, d, micro, reg)
         if d.device.type == "cuda":
             torch.cuda.synchronize()
