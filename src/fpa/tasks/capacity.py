@@ -34,7 +34,9 @@ class TrainConfig:
     The defaults are the ``dense`` recipe: the loss covers every position whose per-prefix answer
     is defined (``Task.prefix_answers``; final query only for tasks without one), Adam with
     ``warmup`` linear warm-up steps then cosine decay to 0, each model's gradient norm clipped at ``clip``.
-    ``RECIPES["legacy"]`` is the first protocol: final-query loss, constant lr 1e-2, 400 x 32.
+    ``RECIPES["legacy"]`` is the first protocol: final-query loss, constant lr 1e-2, 400 x 32;
+    ``RECIPES["curriculum"]`` (the default of ``fpa synth``) is dense with 2400 steps and a length
+    curriculum.
     ``long_every`` > 0 is a length curriculum: every ``long_every``-th step trains on a batch at
     ``long_factor`` x the training length (its own sequences; the evaluation lengths stay 1x and 4x).
     """
@@ -60,6 +62,9 @@ class TrainConfig:
 
 
 RECIPES: dict[str, dict] = {
+    # the default of `fpa synth` since 2026-12-04: dense, 2400 steps, every 4th batch at 2x the length
+    "curriculum": dict(steps=2400, batch=16, lr=3e-2, dense=True, schedule="cosine", warmup=40, clip=1.0,
+                       long_every=4, long_factor=2),
     "dense": dict(steps=1600, batch=16, lr=3e-2, dense=True, schedule="cosine", warmup=40, clip=1.0),
     "legacy": dict(steps=400, batch=32, lr=1e-2, dense=False, schedule="constant", warmup=0, clip=0.0),
 }
@@ -99,7 +104,7 @@ def make_cell_data(task: str, m: int, seeds: tuple[int, ...], cfg: TrainConfig) 
     evals = {f: _stack_seeds(task, m, seeds, cfg.eval_n, f, 1) for f in EVAL_LENGTH_FACTORS}
     long = None
     if cfg.long_every:
-        long = _stack_seeds(task, m, seeds, (cfg.steps // cfg.long_every) * cfg.batch, cfg.long_factor, 2)
+        long = _stack_seeds(task, m, seeds, max(1, cfg.steps // cfg.long_every) * cfg.batch, cfg.long_factor, 2)
     return CellData(train, evals, long)
 
 

@@ -6,8 +6,8 @@
 
 Writes DIR/results.json (meta + one record per run), results.md, heatmap_<task>.png,
 curves_<task>.png and constructive.json / constructive.md (P4 by construction, no training).
-Explicit options override the preset's values. ``--recipe dense`` (default) or ``legacy`` picks the
-training recipe, the same for every method (see ``fpa.tasks.capacity.RECIPES``).
+Explicit options override the preset's values. ``--recipe curriculum`` (default), ``dense`` or
+``legacy`` picks the training recipe, the same for every method (see ``fpa.tasks.capacity.RECIPES``).
 """
 
 from __future__ import annotations
@@ -179,10 +179,11 @@ def add_parser(sub) -> None:
     p.add_argument("--dims", help="comma-separated head dimensions d >= 1")
     p.add_argument("--ms", help="comma-separated numbers of live target keys / depths m >= 1")
     p.add_argument("--seeds", help="integer seeds >= 0: a comma list and/or ranges, e.g. 0-4 or 10-14,20")
-    p.add_argument("--recipe", default="dense", choices=("dense", "legacy"),
-                   help="training recipe, the same for every method: dense (default: loss at every position "
-                        "with a defined answer, 1600 x 16, lr 3e-2, warm-up + cosine, per-model clip 1) or "
-                        "legacy (final-query loss, 400 x 32, constant lr 1e-2)")
+    p.add_argument("--recipe", default="curriculum", choices=("curriculum", "dense", "legacy"),
+                   help="training recipe, the same for every method: curriculum (default: loss at every "
+                        "position with a defined answer, 2400 x 16, every 4th batch at 2x the training length, "
+                        "lr 3e-2, warm-up + cosine, per-model clip 1), dense (the same at 1600 steps, every "
+                        "batch at 1x) or legacy (final-query loss, 400 x 32, constant lr 1e-2)")
     p.add_argument("--steps", type=int, help="training steps per run (default: the recipe's)")
     p.add_argument("--batch", type=int, help="sequences per step and seed (default: the recipe's)")
     p.add_argument("--lr", type=float, help="peak Adam learning rate (default: the recipe's)")
