@@ -140,16 +140,15 @@ def train_cell(task: str, method: str, dim: int, m: int, seeds: tuple[int, ...],
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(cfg, step))
     if cfg.long_every and data.train_long is None:
         raise ValueError("cfg.long_every is set but data has no train_long batches; build it with make_cell_data(..., cfg)")
-    dense_of = {id(b): task_obj.prefix_answers(b.tokens) for b in (data.train, data.train_long)
-                if b is not None and cfg.dense}
+    sources = [(data.train, task_obj.prefix_answers(data.train.tokens) if cfg.dense else None)]
+    if cfg.long_every:
+        sources.append((data.train_long, task_obj.prefix_answers(data.train_long.tokens) if cfg.dense else None))
     curve: list[list[float]] = [[] for _ in seeds]
     for step in range(cfg.steps):
-        src, i = data.train, step
-        if cfg.long_every and step % cfg.long_every == cfg.long_every - 1:
-            src, i = data.train_long, step // cfg.long_every
+        long = bool(cfg.long_every) and step % cfg.long_every == cfg.long_every - 1
+        (src, dense), i = sources[long], (step // cfg.long_every if long else step)
         sl = slice(i * cfg.batch, (i + 1) * cfg.batch)
         tok, _, ans, tol = _tensors(src, sl)
-        dense = dense_of.get(id(src))
         if dense is None:
             err = ((model(tok) - ans) / tol) ** 2  # (B, S): squared error in units of the tolerance
         else:  # mean squared error (in tolerance units) over the positions with a defined answer

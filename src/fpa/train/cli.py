@@ -11,6 +11,8 @@ from pathlib import Path
 
 # flags of `fpa train`: every TrainConfig field except these gets --kebab-name (type from the default)
 _SPECIAL = {"model_overrides", "data_source", "progress", "tensorboard", "out_dir", "verify_data"}
+# the flag type of the fields whose default (None) does not give one
+_NONE_DEFAULT_TYPES = {"vocab_size": int, "max_bytes": int, "evict_tau": float}
 
 HELP = {
     "data_dir": "prepared data folder (fpa prepare-data); default: prepare --data-source into OUT_DIR/data",
@@ -93,11 +95,7 @@ def _train_flags(p: argparse.ArgumentParser) -> None:
         if f.name in _SPECIAL:
             continue
         default = f.default
-        kind = {int: int, float: float}.get(type(default), str)
-        if f.name in ("vocab_size", "max_bytes"):
-            kind = int
-        if f.name == "evict_tau":
-            kind = float
+        kind = _NONE_DEFAULT_TYPES.get(f.name) or {int: int, float: float}.get(type(default), str)
         p.add_argument("--" + f.name.replace("_", "-"), type=kind, default=None, choices=_choices(f.name),
                        help=f"{HELP.get(f.name, f'TrainConfig.{f.name}')} (default {default!r})")
 
