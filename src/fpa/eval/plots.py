@@ -184,8 +184,12 @@ def plot_example(ex: dict, title: str, path: str | Path) -> None:
         x.axvspan(a, b, color="gold", alpha=0.3, label="needle")
         x.set_xlabel("position")
     ax[0].set_title("field and level", fontsize=9)
+    ax[0].set_ylabel("value (penalty = beta x dip)")
     ax[0].legend(fontsize=7)
     ax[1].axvspan(a, b, color="gold", alpha=0.3)
+    ax[1].set_xlabel("key position")
+    ax[1].set_ylabel("query position")
+    ax[2].set_ylabel("attention weight")
     ax[1].set_title(f"live keys (black): query (rows) x key; live at the end: {int(live[-1].sum())}/{len(field)}",
                     fontsize=9)
     ax[2].set_title(f"attention of the answer token (needle mass {ex['needle_mass']:.2f})", fontsize=9)
