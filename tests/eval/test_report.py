@@ -66,3 +66,11 @@ def test_control_flags_every_seed_below_the_bar_and_conditions_extrapolation_on_
     assert table.count("| passed |") == 3
     r["methods"]["fox"]["seeds"][1]["passkey"]["accuracy_by_length"] = [0.95, 0.0]
     assert "Positive control" in control_verdicts(r)[0] and control_verdicts(r)[0].endswith("met.")
+
+
+def test_verdicts_of_a_run_with_ablations_only_say_so():
+    """`fpa reproduce --methods fpa-walk-legacy` runs no main method: the report says the claims
+    need them instead of failing."""
+    r = _results([1.0, 1.0], 2.0)
+    r["methods"] = {"fpa-walk-legacy": {**r["methods"]["fpa-walk"], "ablation": True}}
+    assert verdicts(r)[-1] == "- The claims compare the main methods; this run has ablations only."

@@ -101,6 +101,18 @@ def test_head_offset_is_one_constant_per_head(level_offset):
     torch.testing.assert_close(level - field, torch.tensor([0.5, -1.0])[None, :, None].expand(1, 2, 7))
 
 
+def test_head_offset_starts_at_level_offset_init():
+    """level_offset_init sets the "head" offset's starting value (default 0: level = field at init)."""
+    torch.manual_seed(0)
+    x = torch.randn(1, 6, 16)
+    for init in (0.0, 1.0, -0.5):
+        layer = FirstPassageAttention(16, 2, mode="walk", level_offset="head", level_offset_init=init)
+        field, level = layer.field_level(x)
+        assert layer.level_offset.tolist() == [init, init]
+        torch.testing.assert_close(level - field, torch.full_like(field, init))
+        assert any(p is layer.level_offset for p in layer.field_parameters())
+
+
 def test_floor_keys_are_evicted_only_with_a_token_offset():
     """A walk that never moves (zero increments) keeps every key on its floor: with level = field
     each has penalty 0 for good and FPA's rule holds all of them; with a token offset of 2.1
@@ -126,14 +138,16 @@ def test_floor_keys_are_evicted_only_with_a_token_offset():
 
 
 @pytest.mark.parametrize("kw,words", [
-    (dict(mode="walk", level_offset="bogus"), r"level_offset must be one of \(False, True, 'head', 'token'\).*'bogus'"),
-    (dict(mode="walk", level_offset=1), r"level_offset must be one of .* got 1"),
-    (dict(mode="walk", level_offset=None), r"level_offset must be one of .* got None"),
+    (dict(mode="walk", level_offset="bogus"), r"level_offset must be 'auto' or one of \(False, True, 'head', 'token'\).*'bogus'"),
+    (dict(mode="walk", level_offset=1), r"level_offset must be .auto. or one of .* got 1"),
+    (dict(mode="walk", level_offset=None), r"level_offset must be .auto. or one of .* got None"),
     (dict(mode="free", level_offset="token"), r"level_offset='token' needs mode='walk'.*got mode='free'"),
     (dict(mode="free", level_offset=True), r"level_offset=True needs mode='walk'"),
     (dict(mode="walk", level_offset="token", level_offset_bias_init=math.nan),
      "level_offset_bias_init must be a finite number, got nan"),
     (dict(mode="walk", level_offset="token", level_offset_bias_init="-4"), "level_offset_bias_init must be a finite"),
+    (dict(mode="walk", level_offset="head", level_offset_init=math.inf), "level_offset_init must be a finite number, got inf"),
+    (dict(mode="walk", level_offset="head", level_offset_init=True), "level_offset_init must be a finite number, got True"),
 ])
 def test_bad_arguments_are_named(kw, words):
     with pytest.raises(ValueError, match=words):

@@ -139,7 +139,13 @@ def test_level_offset_values():
     for mode, val in (("free", "token"), ("free", "head")):
         with pytest.raises(ValueError, match=f"fpa_level_offset='{val}' needs fpa_mode='walk'.*got fpa_mode='free'"):
             FPAConfig(fpa_mode=mode, fpa_level_offset=val)
-    for bad in ("Token", 1, 0, None):
+    for bad in ("Token", 1, 0, "auto"):
         with pytest.raises(ValueError, match=r"fpa_level_offset must be one of \(False, True, 'head', 'token'\)"):
             FPAConfig(fpa_mode="walk", fpa_level_offset=bad)
+    # the default (None): a head offset starting at 1 in walk mode, none in free mode or for other attention
+    walk = FPAConfig(fpa_mode="walk")
+    assert (walk.fpa_level_offset, walk.fpa_level_offset_init) == ("head", 1.0)
+    assert walk.attention_kwargs()["level_offset"] == "head" and walk.attention_kwargs()["level_offset_init"] == 1.0
+    assert FPAConfig(fpa_mode="free").fpa_level_offset is False
+    assert FPAConfig(attention="fox").fpa_level_offset is False
     FPAConfig(attention="fox", fpa_level_offset="token")  # an fpa_* key, unused by other attention types

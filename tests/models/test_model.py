@@ -1,3 +1,5 @@
+import math
+
 import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
@@ -59,6 +61,19 @@ def test_save_load(tmp_path, att, mode):
     with torch.no_grad():
         assert torch.equal(m(x).logits, m2(x).logits)
     assert m2.lm_head.weight.data_ptr() == m2.model.embed_tokens.weight.data_ptr()
+
+
+def test_head_level_offset_init_reaches_the_layers_and_survives_save_load(tmp_path):
+    m = tiny("fpa", "walk", fpa_level_offset="head", fpa_level_offset_init=1.0)
+    assert all(b.attn.level_offset.tolist() == [1.0] * 4 for b in m.model.layers)  # not re-initialised
+    with torch.no_grad():
+        m.model.layers[0].attn.level_offset.fill_(0.25)  # a trained value, not the init, must load
+    m.save_pretrained(tmp_path)
+    assert AutoConfig.from_pretrained(tmp_path).fpa_level_offset_init == 1.0
+    m2 = AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert m2.model.layers[0].attn.level_offset.tolist() == [0.25] * 4
+    with pytest.raises(ValueError, match="fpa_level_offset_init must be a finite number"):
+        FPAConfig(fpa_level_offset_init=math.nan)
 
 
 def test_save_load_keeps_a_token_level_offset(tmp_path):

@@ -76,3 +76,40 @@ def test_length_curriculum_trains_every_kth_step_on_longer_sequences(monkeypatch
         TrainConfig(long_every=-1)
     with pytest.raises(ValueError, match="train_long"):
         train_cell("stack", "fpa_walk", 2, 2, (0,), cfg, capacity.make_cell_data("stack", 2, (0,), TINY))
+
+
+def test_train_cell_trains_the_field_heads_at_their_lr_multiplier(monkeypatch):
+    """layer_kwargs field_lr_multiplier=0.1: the walk's increment head, beta and level offset train
+    at 0.1x the rate of the other parameters, as in `fpa train` (fpa.train.parameter_groups)."""
+    import torch
+
+    made = []
+    real = torch.optim.Adam
+    monkeypatch.setattr(torch.optim, "Adam", lambda groups, lr: (made.append((groups, lr)), real(groups, lr=lr))[1])
+    cfg = TrainConfig(steps=1, batch=2, eval_n=2, log_every=1, lr=0.02)
+    train_cell("stack", "fpa_walk", 2, 2, (0, 1), cfg, layer_kwargs={"field_lr_multiplier": 0.1})
+    (groups, lr), = made
+    rates = sorted(g["initial_lr"] for g in groups)  # the scheduler scales "lr" from these
+    assert lr == 0.02 and rates[0] == pytest.approx(0.002) and rates[-1] == pytest.approx(0.02)
+    slow = [p for g in groups if g["initial_lr"] == pytest.approx(0.002) for p in g["params"]]
+    assert sum(p.numel() for p in slow) > 0 and all(p.dim() <= 2 for p in slow)
+
+
+def test_the_walk_method_starts_with_a_head_offset_of_one():
+    """fpa_walk uses the library default: level = field + c_h, c_h = 1 at initialisation."""
+    from fpa.tasks.packed import PackedModels
+
+    walk = PackedModels("fpa_walk", 3, 6, 2).attn
+    assert walk.level_offset_kind == "head" and walk.level_offset.tolist() == [1.0, 1.0, 1.0]
+    assert PackedModels("fpa_free", 3, 6, 2).attn.level_offset_kind is None
+
+
+def test_fpa_parametrisation_records_the_library_defaults_and_overrides():
+    from fpa.tasks.packed import fpa_parametrisation
+
+    walk = fpa_parametrisation("fpa_walk")
+    assert walk["level_offset"] == "head" and walk["level_offset_init"] == 1.0 and walk["walk_increment"] == "tanh"
+    assert fpa_parametrisation("fpa_walk", {"level_offset": False})["level_offset"] is None
+    assert fpa_parametrisation("fpa_free")["mode"] == "free"
+    with pytest.raises(ValueError, match="no FPA layer"):
+        fpa_parametrisation("fox")

@@ -39,6 +39,11 @@ def test_tiny_run_writes_files(tmp_path):
     (["--seeds", "5-3"], "--seeds must be comma-separated integers or ranges a-b"),
     (["--seeds", "0-2,2"], "--seeds lists a value twice"),
     (["--seeds", "-1"], "--seeds must be comma-separated integers or ranges"),
+    (["--fpa-kwargs", "{}"], "--fpa-kwargs needs an FPA method"),
+    (["--methods", "fpa_walk", "--fpa-kwargs", "[1]"], "--fpa-kwargs must be a JSON object"),
+    (["--methods", "fpa_walk", "--fpa-kwargs", "{level_offset: 1}"], "--fpa-kwargs must be a JSON object"),
+    (["--methods", "fpa_walk", "--fpa-kwargs", '{"level_ofset": 1}'], "--fpa-kwargs: .*level_ofset"),
+    (["--methods", "fpa_walk", "--fpa-kwargs", '{"level_offset_init": "x"}'], "level_offset_init must be a finite"),
 ])
 def test_bad_arguments(tmp_path, capsys, args, match):
     base = {"--task": "stack", "--methods": "fox", "--dims": "1", "--ms": "2", "--seeds": "0", "--steps": "1"}
@@ -60,6 +65,24 @@ def test_seed_ranges_and_determinism(tmp_path):
     a, b = run("a"), run("b")
     assert a["meta"]["seeds"] == [3, 4] and [r["seed"] for r in a["records"]] == [3, 4]
     assert a["records"] == b["records"]
+
+
+def test_fpa_kwargs_reach_the_fpa_layers_only_and_are_recorded(tmp_path):
+    """--fpa-kwargs changes the FPA walk (a head offset from 2, then none) and leaves FoX alone."""
+    def run(name, kw):
+        out = tmp_path / name
+        assert main(["synth", "--task", "stack", "--methods", "fpa_walk,fox", "--dims", "1", "--ms", "2",
+                     "--seeds", "0", "--steps", "3", "--no-progress", "--fpa-kwargs", kw, "--out", str(out)]) == 0
+        return json.loads((out / "results.json").read_text())
+
+    two, none = run("two", '{"level_offset_init": 2.0}'), run("none", '{"level_offset": false}')
+    assert two["meta"]["fpa_parametrisation"]["fpa_walk"]["level_offset_init"] == 2.0
+    assert none["meta"]["fpa_parametrisation"]["fpa_walk"]["level_offset"] is None
+    assert "fox" not in two["meta"]["fpa_parametrisation"]
+    walk = {name: [r for r in d["records"] if r["method"] == "fpa_walk"][0] for name, d in (("two", two), ("none", none))}
+    fox = [[r for r in d["records"] if r["method"] == "fox"][0] for d in (two, none)]
+    assert walk["two"]["curve"] != walk["none"]["curve"]
+    assert fox[0]["curve"] == fox[1]["curve"]
 
 
 def test_merge_writes_split_runs_as_one(tmp_path):

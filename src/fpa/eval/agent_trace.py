@@ -97,8 +97,9 @@ def make_head(variant: str, dim: int, embed_dim: int, layer_kwargs: dict | None 
     """One one-head model: ``variant`` "walk" (the library's fpa_walk layer, ``layer_kwargs`` passed
     to it) or "walk+offset" (TokenOffsetWalk, the library walk with level_offset="token", in place of
     the attention layer: one packed model, so the block-diagonal packing is the identity)."""
-    extra = {"layer_kwargs": layer_kwargs} if layer_kwargs else {}
-    model = PackedModels("fpa_walk", 1, CallsTask.vocab_size, dim, embed_dim, **extra)
+    # "walk" is the walk with level = field (no offset), as the committed benchmark ran it
+    kw = {"level_offset": False, **(layer_kwargs or {})} if variant == "walk" else layer_kwargs
+    model = PackedModels("fpa_walk", 1, CallsTask.vocab_size, dim, embed_dim, layer_kwargs=kw)
     if variant == "walk+offset":
         model.attn = TokenOffsetWalk(embed_dim, 1, dim)
     elif variant != "walk":

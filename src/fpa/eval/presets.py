@@ -18,24 +18,29 @@ METHODS = (
 # Ablations and variants, on ``ablation_seeds``: (name, attention, fpa_mode, model overrides,
 # training overrides, cache curves?). The -legacy ablations train FPA with the parametrisation
 # that was the default until 2026-12-03 (linear walk increments, bias 0, softplus beta, field
-# heads at 0.1x the learning rate; FPA_PARAMETRISATION_LEGACY). The other variants try to push
-# FPA's own eviction rule below its floor (one global head per layer keeps every key live): a
-# stronger initial penalty, a learned level offset in walk mode (per head; per token), a
-# regulariser on the soft live fraction, and training with the eviction rule in the loop.
+# heads at 0.1x the learning rate; FPA_PARAMETRISATION_LEGACY); -nooffset with the walk default of
+# 2026-12-03 (level = field, no offset). The other variants try to push FPA's own eviction rule
+# below its floor: a stronger initial penalty, a learned level offset starting at 0 (per head; per
+# token), a regulariser on the soft live fraction, and training with the eviction rule in the
+# loop. They were run before the head offset starting at 1 became the default, so each names its
+# level offset (False: none) and keeps meaning what it measured.
+NO_OFFSET = {"fpa_level_offset": False}
+HEAD_OFFSET_0 = {"fpa_level_offset": True, "fpa_level_offset_init": 0.0}
 ABLATIONS = (
     ("fpa-walk-legacy", "fpa", "walk", dict(FPA_PARAMETRISATION_LEGACY), {}, True),
     ("fpa-free-legacy", "fpa", "free", dict(FPA_PARAMETRISATION_LEGACY), {}, False),
-    ("fpa-walk-beta2", "fpa", "walk", {"fpa_beta_init": 2.0}, {}, True),
-    ("fpa-walk-offset", "fpa", "walk", {"fpa_level_offset": True}, {}, True),
+    ("fpa-walk-nooffset", "fpa", "walk", dict(NO_OFFSET), {}, True),
+    ("fpa-walk-beta2", "fpa", "walk", {"fpa_beta_init": 2.0, **NO_OFFSET}, {}, True),
+    ("fpa-walk-offset", "fpa", "walk", dict(HEAD_OFFSET_0), {}, True),
     ("fpa-walk-tokenoffset", "fpa", "walk", {"fpa_level_offset": "token"}, {}, True),
-    ("fpa-walk-livereg", "fpa", "walk", {}, {"live_reg": 0.1, "live_reg_tau": 16.0}, True),
+    ("fpa-walk-livereg", "fpa", "walk", dict(NO_OFFSET), {"live_reg": 0.1, "live_reg_tau": 16.0}, True),
     # eviction in the training loop: trained under the rule FPAEviction(2) it will be served with
-    ("fpa-walk-evict2", "fpa", "walk", {}, {"evict_tau": 2.0}, True),
-    ("fpa-walk-offset-evict2", "fpa", "walk", {"fpa_level_offset": True}, {"evict_tau": 2.0}, True),
+    ("fpa-walk-evict2", "fpa", "walk", dict(NO_OFFSET), {"evict_tau": 2.0}, True),
+    ("fpa-walk-offset-evict2", "fpa", "walk", dict(HEAD_OFFSET_0), {"evict_tau": 2.0}, True),
     ("fpa-walk-tokenoffset-evict2", "fpa", "walk", {"fpa_level_offset": "token"}, {"evict_tau": 2.0}, True),
     # ... from the middle of the run on, once the copy is learned (from step 0 it never was)
-    ("fpa-walk-evict2-late", "fpa", "walk", {}, {"evict_tau": 2.0, "evict_from_step": 750}, True),
-    ("fpa-walk-offset-evict2-late", "fpa", "walk", {"fpa_level_offset": True},
+    ("fpa-walk-evict2-late", "fpa", "walk", dict(NO_OFFSET), {"evict_tau": 2.0, "evict_from_step": 750}, True),
+    ("fpa-walk-offset-evict2-late", "fpa", "walk", dict(HEAD_OFFSET_0),
      {"evict_tau": 2.0, "evict_from_step": 750}, True),
 )
 

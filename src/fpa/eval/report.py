@@ -271,6 +271,8 @@ def verdicts(results: dict) -> list[str]:
         v = "reproduced" if a8[1] == 1.0 else ("reproduced on some seeds" if a8[2] == 1.0 else "not reproduced")
         out.append(f"- **Perfect passkey at 8x** ({name}, full cache): {_spread_pct(*a8)} over seeds: {v}; "
                    f"at 16x: {_spread_pct(*a16)}.")
+    if not main:  # only ablations were run (--methods): the claims compare the main methods
+        return out + ["- The claims compare the main methods; this run has ablations only."]
     if 8 * L not in next(iter(main.values()))["passkey"]["lengths"]:
         return out + ["- Passkey at 8x and the cache claims at 8x: not measured (8x is not in this preset)."]
     hundred = [n for n, m in main.items() if at_multiple(m, 8, L)[0] == 1.0]

@@ -29,14 +29,18 @@ LEVEL_OFFSETS = (False, True, "head", "token")  # True = "head"
 
 
 def check_level_offset(level_offset: bool | str, mode: str) -> str | None:
-    """The kind of level offset a ``level_offset`` argument asks for: None, "head" or "token".
+    """The kind of level offset a ``level_offset`` argument asks for: None, "head" or "token";
+    "auto" (the layer's default) is "head" in walk mode and None in free mode.
     ValueError for any other value, or for an offset outside walk mode."""
+    if isinstance(level_offset, str) and level_offset == "auto":
+        return "head" if mode == "walk" else None
     if isinstance(level_offset, bool):
         kind = "head" if level_offset else None
     elif isinstance(level_offset, str) and level_offset in LEVEL_OFFSETS:
         kind = level_offset
     else:
-        raise ValueError(f"level_offset must be one of {LEVEL_OFFSETS} (True means 'head'), got {level_offset!r}")
+        raise ValueError(f"level_offset must be 'auto' or one of {LEVEL_OFFSETS} (True means 'head'), "
+                         f"got {level_offset!r}")
     if kind is not None and mode != "walk":
         raise ValueError(f"level_offset={level_offset!r} needs mode='walk' (it offsets the walk's level), "
                          f"got mode={mode!r}; mode='free' has its own level head")
@@ -48,11 +52,21 @@ class FirstPassageAttention(AttentionBase):
 
     mode="free": field and level are separate linear heads of the hidden state (one scalar per
     head and position). mode="walk": field = walk(increments), level = field + offset, the offset
-    set by ``level_offset``: False (default: level = field), "head" (or True: one learned constant
-    per head, starting at 0) or "token" (softplus(u_h . x_t + c_h) per head h and token t, one
-    linear projection hidden -> heads, ``level_offset_proj``; u ~ N(0, field_init_std^2) and
-    c = ``level_offset_bias_init``, default -4: the offset starts near softplus(-4) = 0.018). A
-    per-token offset lets a key dip (and the cache evict it) while the walk stays on its floor.
+    set by ``level_offset``: "head" (or True; the default "auto" in walk mode: one learned
+    constant per head, starting at ``level_offset_init``, default 1), False (level = field) or
+    "token" (softplus(u_h . x_t + c_h) per head h and token t, one linear projection hidden ->
+    heads, ``level_offset_proj``; u ~ N(0, field_init_std^2) and c = ``level_offset_bias_init``,
+    default -4: the offset starts near softplus(-4) = 0.018). A per-token offset lets a key dip
+    (and the cache evict it) while the walk stays on its floor.
+
+    Why a head offset starting at 1 is the default: with level = field, a walk whose increments
+    are all >= 0 never dips, every dip is 0 and the increments get no gradient (the max(0, .) is
+    flat), so a head that drifts there early is stuck for good (a "dead zone"; 26 of 540 one-layer
+    synthetic runs). With an offset c > 0 every key j starts with a dip of c minus the next step,
+    so each step gets a gradient from the key before it, and once c >= 1 > |tanh step| no walk
+    can leave every key undipped. It adds no recency bias: the penalty of a key does not grow with
+    its distance while the walk is flat. The offset is learned and shrinks where the task wants it
+    (docs/synthetic.md has the measurements, on the synthetic tasks and on the language model).
     Each increment is ``tanh(w x + b)`` (default, ``walk_increment="tanh"``: steps in (-1, 1), so
     saturated push and pop steps cancel) or the unbounded ``w x + b`` (``"linear"``). The penalty
     strength is beta_h = exp(beta_param_h) (default ``beta_activation="exp"``: Adam grows it by a
@@ -61,11 +75,10 @@ class FirstPassageAttention(AttentionBase):
 
     Initialisation: field/level/increment weights ~ N(0, field_init_std^2), biases
     ``walk_bias_init`` (increment, default 0) and 0 (free heads), so the layer starts close to
-    causal softmax without positional encoding. A walk whose increments are all >= 0 never dips
-    and gets no gradient through the dips; ``walk_bias_init < 0`` starts the walk as a decay and
-    keeps one-layer heads out of that dead zone, but its initial recency bias (beta * tanh(|b|)
-    per token) stopped a language model from learning long-range retrieval (docs/synthetic.md
-    has both measurements; ``fpa.tasks.diagnostic`` reruns the synthetic one).
+    causal softmax without positional encoding (with the default head offset, every key but the
+    newest carries the same penalty beta * (1 - step)). ``walk_bias_init < 0`` also keeps heads
+    out of the dead zone, by starting the walk as a decay, but its initial recency bias
+    (beta * tanh(|b|) per token) stopped a language model from learning long-range retrieval.
 
     ``set_training_eviction(threshold)`` trains with the cache's eviction rule in the loop (a key
     whose penalty passes the threshold is masked out, as FPAEviction evicts it); off by default.
@@ -79,10 +92,10 @@ class FirstPassageAttention(AttentionBase):
 
     def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int | None = None,
                  mode: str = "free", qk_norm: bool = False, output_gate: bool = False,
-                 head_dim: int | None = None, level_offset: bool | str = False, beta_init: float = 0.0,
+                 head_dim: int | None = None, level_offset: bool | str = "auto", beta_init: float = 0.0,
                  field_init_std: float = 0.02, field_lr_multiplier: float = 1.0, backend: str = "auto",
                  walk_increment: str = "tanh", walk_bias_init: float = 0.0, beta_activation: str = "exp",
-                 level_offset_bias_init: float = -4.0):
+                 level_offset_bias_init: float = -4.0, level_offset_init: float = 1.0):
         super().__init__(hidden_size, num_heads, num_kv_heads, head_dim, qk_norm, output_gate)
         if mode not in FPA_MODES:
             raise ValueError(f"mode must be one of {FPA_MODES}, got {mode!r}")
@@ -93,9 +106,9 @@ class FirstPassageAttention(AttentionBase):
             raise ValueError(f"beta_activation must be one of {BETA_ACTIVATIONS}, got {beta_activation!r}")
         self.beta_activation = beta_activation
         self.level_offset_kind = check_level_offset(level_offset, mode)
-        if isinstance(level_offset_bias_init, bool) or not isinstance(level_offset_bias_init, (int, float)) \
-                or not math.isfinite(level_offset_bias_init):
-            raise ValueError(f"level_offset_bias_init must be a finite number, got {level_offset_bias_init!r}")
+        for name, val in (("level_offset_bias_init", level_offset_bias_init), ("level_offset_init", level_offset_init)):
+            if isinstance(val, bool) or not isinstance(val, (int, float)) or not math.isfinite(val):
+                raise ValueError(f"{name} must be a finite number, got {val!r}")
         if not isinstance(field_lr_multiplier, (int, float)) or isinstance(field_lr_multiplier, bool) \
                 or not 0 < field_lr_multiplier <= 1e3:
             raise ValueError(f"field_lr_multiplier must be a number in (0, 1000], got {field_lr_multiplier!r}")
@@ -116,7 +129,8 @@ class FirstPassageAttention(AttentionBase):
             nn.init.zeros_(lin.bias)
         if mode == "walk":
             nn.init.constant_(self.increment_proj.bias, float(walk_bias_init))
-        self.level_offset = nn.Parameter(torch.zeros(num_heads)) if self.level_offset_kind == "head" else None
+        self.level_offset = (nn.Parameter(torch.full((num_heads,), float(level_offset_init)))
+                             if self.level_offset_kind == "head" else None)
         self.level_offset_proj = None
         if self.level_offset_kind == "token":
             self.level_offset_proj = nn.Linear(hidden_size, num_heads)

@@ -11,7 +11,7 @@ from fpa.data.atomic import atomic_write_text
 CARD_FILE = "README.md"
 _CONFIG_FIELDS = ("attention", "fpa_mode", "num_hidden_layers", "hidden_size", "num_attention_heads",
                   "num_key_value_heads", "intermediate_size", "vocab_size", "qk_norm", "output_gate",
-                  "fpa_level_offset", "fpa_level_offset_bias_init", "fpa_walk_increment", "fpa_walk_bias_init",
+                  "fpa_level_offset", "fpa_level_offset_bias_init", "fpa_level_offset_init", "fpa_walk_increment", "fpa_walk_bias_init",
                   "fpa_beta_activation", "fpa_field_lr_multiplier", "tie_word_embeddings")
 
 

@@ -10,11 +10,13 @@ from transformers import PretrainedConfig
 from fpa.layers.attention import ATTENTION_TYPES, BETA_ACTIVATIONS, FPA_MODES, LEVEL_OFFSETS, WALK_INCREMENTS
 
 # The FPA walk's parametrisation. CURRENT is the default of a new config; LEGACY is what a
-# config.json saved before these keys existed was trained with, so it loads as that.
+# config.json saved before these keys existed was trained with, so it loads as that. The level
+# offset "head" applies in walk mode only: a new config in free mode (or for another attention)
+# gets False. (A head offset starting at 1 is the default since 2026-12-04; before, no offset.)
 FPA_PARAMETRISATION_CURRENT = dict(fpa_walk_increment="tanh", fpa_walk_bias_init=0.0, fpa_beta_activation="exp",
-                                   fpa_field_lr_multiplier=1.0)
+                                   fpa_field_lr_multiplier=1.0, fpa_level_offset="head", fpa_level_offset_init=1.0)
 FPA_PARAMETRISATION_LEGACY = dict(fpa_walk_increment="linear", fpa_walk_bias_init=0.0, fpa_beta_activation="softplus",
-                                  fpa_field_lr_multiplier=0.1)
+                                  fpa_field_lr_multiplier=0.1, fpa_level_offset=False, fpa_level_offset_init=0.0)
 
 PRESETS = {
     # tiny: vocab 257 = the byte tokenizer (256 bytes + eos), which every CPU recipe uses
@@ -36,6 +38,7 @@ FIELDS: dict[str, tuple[str, object]] = {
     "attention": ("choice", ATTENTION_TYPES), "fpa_mode": ("choice", FPA_MODES),
     "qk_norm": ("bool", None), "output_gate": ("bool", None),
     "fpa_level_offset": ("choice", LEVEL_OFFSETS), "fpa_level_offset_bias_init": ("real", "any"),
+    "fpa_level_offset_init": ("real", "any"),
     "tie_word_embeddings": ("bool", None),
     "fpa_beta_init": ("real", "any"), "fpa_field_lr_multiplier": ("real", ">=0"),
     "fpa_walk_increment": ("choice", WALK_INCREMENTS), "fpa_walk_bias_init": ("real", "any"),
@@ -87,25 +90,30 @@ class FPAConfig(PretrainedConfig):
 
     def __init__(self, vocab_size=257, hidden_size=128, num_hidden_layers=4, num_attention_heads=4,
                  num_key_value_heads=None, intermediate_size=352, attention="fpa", fpa_mode="free",
-                 qk_norm=False, output_gate=False, fpa_level_offset=False, fpa_beta_init=0.0,
+                 qk_norm=False, output_gate=False, fpa_level_offset=None, fpa_beta_init=0.0,
                  fpa_field_lr_multiplier=None, fpa_walk_increment=None, fpa_walk_bias_init=None,
                  fpa_beta_activation=None,
                  fox_fgate_bias_init=5.0, rope_theta=10000.0, rms_norm_eps=1e-6, initializer_range=0.02,
-                 tie_word_embeddings=True, fpa_level_offset_bias_init=-4.0, **kwargs):
+                 tie_word_embeddings=True, fpa_level_offset_bias_init=-4.0, fpa_level_offset_init=None, **kwargs):
         if num_key_value_heads is None:
             num_key_value_heads = num_attention_heads
         # None = the default: CURRENT for a new config, LEGACY for a saved one that predates the key
         # (transformers passes transformers_version only when it reads a config.json)
         defaults = FPA_PARAMETRISATION_LEGACY if "transformers_version" in kwargs else FPA_PARAMETRISATION_CURRENT
         given = dict(fpa_field_lr_multiplier=fpa_field_lr_multiplier, fpa_walk_increment=fpa_walk_increment,
-                     fpa_walk_bias_init=fpa_walk_bias_init, fpa_beta_activation=fpa_beta_activation)
+                     fpa_walk_bias_init=fpa_walk_bias_init, fpa_beta_activation=fpa_beta_activation,
+                     fpa_level_offset=fpa_level_offset, fpa_level_offset_init=fpa_level_offset_init)
         param = {k: defaults[k] if v is None else v for k, v in given.items()}
+        if fpa_level_offset is None and not (attention == "fpa" and fpa_mode == "walk"):
+            param["fpa_level_offset"] = False  # the default offset exists in walk mode only
+        fpa_level_offset = param["fpa_level_offset"]
         values = dict(
             vocab_size=vocab_size, hidden_size=hidden_size, num_hidden_layers=num_hidden_layers,
             num_attention_heads=num_attention_heads, num_key_value_heads=num_key_value_heads,
             intermediate_size=intermediate_size, attention=attention, fpa_mode=fpa_mode, qk_norm=qk_norm,
-            output_gate=output_gate, fpa_level_offset=fpa_level_offset,
-            fpa_level_offset_bias_init=fpa_level_offset_bias_init, tie_word_embeddings=tie_word_embeddings,
+            output_gate=output_gate,
+            fpa_level_offset_bias_init=fpa_level_offset_bias_init,
+            tie_word_embeddings=tie_word_embeddings,
             fpa_beta_init=fpa_beta_init, **param,
             fox_fgate_bias_init=fox_fgate_bias_init, rope_theta=rope_theta, rms_norm_eps=rms_norm_eps,
             initializer_range=initializer_range,
@@ -126,7 +134,7 @@ class FPAConfig(PretrainedConfig):
         self.num_attention_heads, self.num_key_value_heads = num_attention_heads, num_key_value_heads
         self.intermediate_size, self.attention, self.fpa_mode = intermediate_size, attention, fpa_mode
         self.qk_norm, self.output_gate, self.fpa_level_offset = qk_norm, output_gate, fpa_level_offset
-        self.fpa_level_offset_bias_init = fpa_level_offset_bias_init
+        self.fpa_level_offset_bias_init, self.fpa_level_offset_init = fpa_level_offset_bias_init, param["fpa_level_offset_init"]
         self.fpa_beta_init, self.fox_fgate_bias_init, self.rope_theta = fpa_beta_init, fox_fgate_bias_init, rope_theta
         self.fpa_field_lr_multiplier = param["fpa_field_lr_multiplier"]
         self.fpa_walk_increment, self.fpa_walk_bias_init = param["fpa_walk_increment"], param["fpa_walk_bias_init"]
@@ -150,6 +158,7 @@ class FPAConfig(PretrainedConfig):
             offset = self.fpa_level_offset if self.fpa_mode == "walk" else False
             kw.update(fpa_mode=self.fpa_mode, level_offset=offset, beta_init=self.fpa_beta_init,
                       level_offset_bias_init=self.fpa_level_offset_bias_init,
+                      level_offset_init=self.fpa_level_offset_init,
                       field_lr_multiplier=self.fpa_field_lr_multiplier, walk_increment=self.fpa_walk_increment,
                       walk_bias_init=self.fpa_walk_bias_init, beta_activation=self.fpa_beta_activation)
         elif self.attention == "fox":

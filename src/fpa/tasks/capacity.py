@@ -22,6 +22,7 @@ from tqdm import tqdm
 from fpa.tasks.nested import TASKS, TaskBatch, get_task
 from fpa.tasks.packed import PackedModels, check_method
 from fpa.tasks.probe import attention_probs, layer_output
+from fpa.train.model_setup import parameter_groups
 
 MASS_TARGET, ACC_TARGET = 0.99, 0.99
 EVAL_LENGTH_FACTORS = (1, 4)
@@ -136,7 +137,9 @@ def train_cell(task: str, method: str, dim: int, m: int, seeds: tuple[int, ...],
     torch.manual_seed(gen_seed)
     task_obj = get_task(task)
     model = PackedModels(method, len(seeds), task_obj.vocab_size, dim, cfg.embed_dim, layer_kwargs)
-    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    # each parameter group at its lr multiple (FirstPassageAttention.field_lr_multiplier), as `fpa train` does
+    opt = torch.optim.Adam([{"params": g["params"], "lr": cfg.lr * g["lr_multiplier"]}
+                            for g in parameter_groups(model, weight_decay=0.0)], lr=cfg.lr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(cfg, step))
     if cfg.long_every and data.train_long is None:
         raise ValueError("cfg.long_every is set but data has no train_long batches; build it with make_cell_data(..., cfg)")
@@ -180,8 +183,9 @@ def train_cell(task: str, method: str, dim: int, m: int, seeds: tuple[int, ...],
 
 
 def run_grid(tasks: list[str], methods: list[str], dims: list[int], ms: list[int], seeds: list[int],
-             cfg: TrainConfig, progress: bool = True) -> list[dict]:
-    """Every (task, m, method, d) cell, seeds packed per cell; one record per run."""
+             cfg: TrainConfig, progress: bool = True, fpa_kwargs: dict | None = None) -> list[dict]:
+    """Every (task, m, method, d) cell, seeds packed per cell; one record per run. ``fpa_kwargs``
+    override the FPA methods' layer arguments (the other methods take none)."""
     for t in tasks:
         get_task(t)
     for meth in methods:
@@ -199,7 +203,8 @@ def run_grid(tasks: list[str], methods: list[str], dims: list[int], ms: list[int
             for method in methods:
                 for dim in dims:
                     bar.set_postfix_str(f"{task} m={m} {method} d={dim}")
-                    records += train_cell(task, method, dim, m, tuple(seeds), cfg, data)
+                    kw = fpa_kwargs if method.startswith("fpa") else None
+                    records += train_cell(task, method, dim, m, tuple(seeds), cfg, data, layer_kwargs=kw)
                     bar.update()
     bar.close()
     return records

@@ -56,6 +56,32 @@ def _names(name: str, text: str, allowed) -> list[str]:
     return vals
 
 
+def _fpa_kwargs(text: str | None, methods: list[str]) -> dict | None:
+    """--fpa-kwargs: a JSON object of FirstPassageAttention arguments for the FPA methods, checked
+    by building each FPA method's layer with them before any training."""
+    if text is None:
+        return None
+    import json
+
+    from fpa.tasks.packed import fpa_parametrisation
+
+    try:
+        kw = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--fpa-kwargs must be a JSON object, got {text!r} ({e.msg})") from None
+    if not isinstance(kw, dict):
+        raise ValueError(f"--fpa-kwargs must be a JSON object, got {text!r}")
+    fpa = [m for m in methods if m.startswith("fpa")]
+    if not fpa:
+        raise ValueError(f"--fpa-kwargs needs an FPA method in --methods, got {methods}")
+    for m in fpa:
+        try:
+            fpa_parametrisation(m, kw)
+        except TypeError as e:  # an argument FirstPassageAttention does not take
+            raise ValueError(f"--fpa-kwargs: {e}") from None
+    return kw
+
+
 def _resolve(args: argparse.Namespace) -> dict:
     if args.preset is not None and args.preset not in PRESETS:
         raise ValueError(f"--preset must be one of {tuple(PRESETS)}, got {args.preset!r}")
@@ -105,6 +131,7 @@ def _synth(args: argparse.Namespace) -> int:
         raise ValueError(f"--steps and --batch must be >= 1, got {recipe['steps']}, {recipe['batch']}")
     if recipe["lr"] <= 0:
         raise ValueError(f"--lr must be > 0, got {recipe['lr']}")
+    o["fpa_kwargs"] = _fpa_kwargs(args.fpa_kwargs, methods)
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     created = not out.exists()
@@ -125,12 +152,15 @@ def _run(args, o, tasks, methods, dims, ms, seeds, recipe, out) -> int:
     from fpa.data.atomic import atomic_write_bytes
     from fpa.tasks.capacity import TrainConfig, run_grid
     from fpa.tasks.construct import constructive_check
+    from fpa.tasks.packed import fpa_parametrisation
     from fpa.tasks.report import write_all
 
     cfg = TrainConfig(**recipe)
-    records = run_grid(tasks, methods, dims, ms, seeds, cfg, progress=not args.no_progress)
+    fkw = o["fpa_kwargs"]
+    records = run_grid(tasks, methods, dims, ms, seeds, cfg, progress=not args.no_progress, fpa_kwargs=fkw)
     meta = dict(tasks=tasks, methods=methods, dims=dims, ms=ms, seeds=seeds, preset=args.preset, recipe=args.recipe,
-                config=dataclasses.asdict(cfg))
+                config=dataclasses.asdict(cfg),
+                fpa_kwargs=fkw, fpa_parametrisation={m: fpa_parametrisation(m, fkw) for m in methods if m.startswith("fpa")})
     files = write_all(records, out, meta)
     if int(o["construct_n"]) > 0:
         checks = [constructive_check(t, n=int(o["construct_n"])) for t in tasks]
@@ -192,6 +222,8 @@ def add_parser(sub) -> None:
     p.add_argument("--preset", choices=tuple(PRESETS), help="defaults for every option not given")
     p.add_argument("--threads", type=int, default=1, help="torch threads (>= 1)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--fpa-kwargs", help="JSON object of FirstPassageAttention arguments for the FPA methods "
+                   "(parametrisation variants), e.g. '{\"level_offset_init\": 2.0}'; recorded in results.json")
     p.add_argument("--merge", help="comma list of run folders: write their records together to --out, no training")
     p.add_argument("--out", required=True, help="output folder (removed again if this run made it and fails)")
     p.set_defaults(func=_synth)

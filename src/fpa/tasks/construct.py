@@ -55,7 +55,8 @@ def constructed_head(task: str, beta: float = 40.0, content: float = 20.0) -> Fi
     """The FPA walk head (hidden = vocabulary size, head_dim 1) realising ``task``'s target sets."""
     table = torch.from_numpy(token_table(task))
     V = table.shape[0]
-    layer = make_attention("fpa", V, 1, head_dim=1, fpa_mode="walk", walk_increment="linear")  # field = depth
+    layer = make_attention("fpa", V, 1, head_dim=1, fpa_mode="walk", walk_increment="linear",
+                           level_offset=False)  # field = depth, level = field
     layer.increment_proj.weight.copy_(table[:, 0][None])
     layer.increment_proj.bias.zero_()
     layer.set_beta_(beta)

@@ -37,6 +37,25 @@ def check_method(name: str) -> None:
         raise ValueError(f"method must be one of {tuple(METHODS)}, got {name!r}")
 
 
+def fpa_parametrisation(method: str, layer_kwargs: dict | None = None) -> dict:
+    """The FPA layer's parametrisation a method trains with (library defaults included), for the
+    record of a run: mode, walk increment, beta activation, increment bias, level offset."""
+    check_method(method)
+    attention, kw = METHODS[method]
+    if attention != "fpa":
+        raise ValueError(f"method {method!r} has no FPA layer")
+    with torch.no_grad():
+        layer = make_attention(attention, 2, 1, head_dim=1, **{**kw, **(layer_kwargs or {})})
+        beta0 = float(layer.beta[0])
+    out = dict(mode=layer.mode, walk_increment=layer.walk_increment, beta_activation=layer.beta_activation,
+               beta_init=round(beta0, 6), level_offset=layer.level_offset_kind)
+    if layer.mode == "walk":
+        out["walk_bias_init"] = float(layer.increment_proj.bias.detach()[0])
+    if layer.level_offset is not None:
+        out["level_offset_init"] = float(layer.level_offset.detach()[0])
+    return out
+
+
 def block_diagonal_(lin: nn.Linear, n: int, rescale: bool) -> None:
     """Zero lin's off-diagonal blocks (n x n blocks) and keep them zero by masking the gradient."""
     out_f, in_f = lin.weight.shape
