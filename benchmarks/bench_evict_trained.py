@@ -1,0 +1,112 @@
+"""Models trained with FPA's eviction rule in the loop, served under the same rule: passkey accuracy
+and kept fraction when the prompt is prefilled in chunks (the rule runs after each chunk) against
+token by token (the rule runs after every token, exactly as in training).
+
+``fpa train --evict-tau T`` masks key j out of query i once beta * dip(i - 1, j) > T for every
+head of its KV group (fpa.layers.fpa_form.evicting_bias): what FPACache(FPAEviction(T)) does when
+decoding token by token. A prefill chunk of C tokens evicts nothing inside the chunk, so its
+queries see keys the model never saw in training. This script measures that mismatch on the
+models of ``fpa reproduce`` (the ``-evict2-late`` variants of the ``cpu`` preset by default).
+
+    OMP_NUM_THREADS=1 python benchmarks/bench_evict_trained.py --run-dir results/reproduce-cpu
+    # writes benchmarks/results/evict-trained-cpu.{json,md}
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from fpa.cache import FPACache, FPAEviction
+from fpa.data.atomic import atomic_write_bytes
+from fpa.eval.passkey import passkey_grid
+from fpa.eval.reproduce import load_model
+
+DEFAULT_MODELS = "fpa-walk-evict2-late-s0,fpa-walk-offset-evict2-late-s0"
+
+
+def evaluate(model_dir: Path, tau: float, lengths: list[int], depths: list[float], trials: int,
+             chunks: list[int | None]) -> list[dict]:
+    """One passkey grid per prefill chunk size (None: the full cache, no eviction, chunks of the
+    largest size given)."""
+    model, tok = load_model(model_dir, "cpu")
+    rows = []
+    for chunk in chunks:
+        make = None
+        if chunk is not None:
+            def make(length: int):
+                policy = FPAEviction(tau)
+                return FPACache(policy), policy
+        t0 = time.perf_counter()
+        g = passkey_grid(model, tok, lengths, depths, trials, seed=0, make_cache=make,
+                         chunk_size=chunk or max(c for c in chunks if c), desc=f"{model_dir.parent.name} chunk {chunk}")
+        rows.append(dict(cache="full" if chunk is None else f"FPAEviction({tau:g})", chunk=chunk,
+                         accuracy_by_length=g["accuracy_by_length"],
+                         kept_by_length=[float(sum(k) / len(k)) for k in g["kept_fraction"]],
+                         example=g["examples"][0], seconds=round(time.perf_counter() - t0, 1)))
+        print(model_dir.parent.name, rows[-1]["cache"], "chunk", chunk,
+              [round(a, 2) for a in rows[-1]["accuracy_by_length"]], flush=True)
+    return rows
+
+
+def markdown(data: dict) -> str:
+    a = data["args"]
+    out = ["# Trained under the eviction rule, served under it: chunked against token-by-token prefill (CPU)", "",
+           f"Models: `{a['run_dir']}/models/<name>/model` (`fpa reproduce --preset cpu`, trained with "
+           f"`--evict-tau {a['tau']:g}` from step 750 of 1500). Passkey exact match, {a['trials']} prompts x "
+           f"{len(a['depths'])} depths per length (seed 0, the prompts of the reproduction's grid). 'chunk 1' "
+           "prefills token by token, so the cache applies the rule after every token, as in training.", "",
+           "| model | cache | prefill chunk | " + " | ".join(f"{L}" for L in a["lengths"]) + " | kept (mean) |",
+           "|---|---|---|" + "---|" * len(a["lengths"]) + "---|"]
+    for name, rows in data["models"].items():
+        for r in rows:
+            kept = sum(r["kept_by_length"]) / len(r["kept_by_length"])
+            out.append(f"| {name} | {r['cache']} | {r['chunk'] or '-'} | "
+                       + " | ".join(f"{100 * x:.0f}%" for x in r["accuracy_by_length"]) + f" | {100 * kept:.1f}% |")
+    out += ["", "Columns: prompt length in tokens (the training length is 128). Example answers at 128 tokens: "
+            + "; ".join(f"{n}, {r['cache']}, chunk {r['chunk'] or '-'}: {r['example']['generated']!r} "
+                        f"(key {r['example']['key']})" for n, rows in data["models"].items() for r in rows[:1] + rows[-1:]),
+            "", f"Wall time: {data['seconds'] / 60:.1f} min."]
+    return "\n".join(out) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--run-dir", default="results/reproduce-cpu", help="an fpa reproduce output folder")
+    p.add_argument("--models", default=DEFAULT_MODELS, help="comma list of run names (models/<name>/model)")
+    p.add_argument("--tau", type=float, default=2.0, help="the threshold the models were trained under")
+    p.add_argument("--lengths", default="128,256,512,1024,2048")
+    p.add_argument("--trials", type=int, default=10)
+    p.add_argument("--chunks", default="0,128,1", help="prefill chunk sizes; 0 = the full cache (no eviction)")
+    p.add_argument("--out", default="benchmarks/results/evict-trained-cpu")
+    args = p.parse_args(argv)
+    if args.tau < 0 or args.trials < 1:
+        raise SystemExit(f"--tau must be >= 0 and --trials >= 1, got {args.tau}, {args.trials}")
+    lengths = [int(x) for x in args.lengths.split(",")]
+    chunks = [int(x) or None for x in args.chunks.split(",")]
+    depths = [0.0, 0.25, 0.5, 0.75, 1.0]
+    names = [n for n in args.models.split(",") if n]
+    missing = [n for n in names if not (Path(args.run_dir) / "models" / n / "model").is_dir()]
+    if missing:
+        raise SystemExit(f"--models: no trained model under {args.run_dir}/models for {missing}")
+    torch.set_num_threads(1)
+    t0 = time.perf_counter()
+    models = {n: evaluate(Path(args.run_dir) / "models" / n / "model", args.tau, lengths, depths, args.trials, chunks)
+              for n in names}
+    data = dict(args=dict(vars(args), lengths=lengths, depths=depths), models=models,
+                seconds=time.perf_counter() - t0)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(out.with_suffix(".json"), json.dumps(data, indent=1).encode())
+    md = markdown(data)
+    atomic_write_bytes(out.with_suffix(".md"), md.encode())
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
