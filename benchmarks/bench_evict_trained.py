@@ -1,6 +1,7 @@
 """Models trained with FPA's eviction rule in the loop, served under the same rule: passkey accuracy
 and kept fraction when the prompt is prefilled in chunks (the rule runs after each chunk) against
-token by token (the rule runs after every token, exactly as in training).
+token by token (the rule runs after every token, exactly as in training) and in chunks under
+``FPAEviction(T, within_chunks=True)`` (the rule inside each chunk: the same as token by token).
 
 ``fpa train --evict-tau T`` masks key j out of query i once beta * dip(i - 1, j) > T for every
 head of its KV group (fpa.layers.fpa_form.evicting_bias): what FPACache(FPAEviction(T)) does when
@@ -30,21 +31,22 @@ DEFAULT_MODELS = "fpa-walk-evict2-late-s0,fpa-walk-offset-evict2-late-s0"
 
 
 def evaluate(model_dir: Path, tau: float, lengths: list[int], depths: list[float], trials: int,
-             chunks: list[int | None]) -> list[dict]:
-    """One passkey grid per prefill chunk size (None: the full cache, no eviction, chunks of the
-    largest size given)."""
+             chunks: list[tuple[int | None, bool]]) -> list[dict]:
+    """One passkey grid per (prefill chunk size, rule within chunks?) (None: the full cache, no
+    eviction, chunks of the largest size given)."""
     model, tok = load_model(model_dir, "cpu")
     rows = []
-    for chunk in chunks:
+    for chunk, within in chunks:
         make = None
         if chunk is not None:
-            def make(length: int):
-                policy = FPAEviction(tau)
+            def make(length: int, within=within):
+                policy = FPAEviction(tau, within_chunks=within)
                 return FPACache(policy), policy
         t0 = time.perf_counter()
         g = passkey_grid(model, tok, lengths, depths, trials, seed=0, make_cache=make,
-                         chunk_size=chunk or max(c for c in chunks if c), desc=f"{model_dir.parent.name} chunk {chunk}")
-        rows.append(dict(cache="full" if chunk is None else f"FPAEviction({tau:g})", chunk=chunk,
+                         chunk_size=chunk or max(c for c, _ in chunks if c), desc=f"{model_dir.parent.name} chunk {chunk}")
+        cache = "full" if chunk is None else f"FPAEviction({tau:g}{', within_chunks=True' if within else ''})"
+        rows.append(dict(cache=cache, chunk=chunk,
                          accuracy_by_length=g["accuracy_by_length"],
                          kept_by_length=[float(sum(k) / len(k)) for k in g["kept_fraction"]],
                          example=g["examples"][0], seconds=round(time.perf_counter() - t0, 1)))
@@ -59,7 +61,8 @@ def markdown(data: dict) -> str:
            f"Models: `{a['run_dir']}/models/<name>/model` (`fpa reproduce --preset cpu`, trained with "
            f"`--evict-tau {a['tau']:g}` from step 750 of 1500). Passkey exact match, {a['trials']} prompts x "
            f"{len(a['depths'])} depths per length (seed 0, the prompts of the reproduction's grid). 'chunk 1' "
-           "prefills token by token, so the cache applies the rule after every token, as in training.", "",
+           "prefills token by token, so the cache applies the rule after every token, as in training; "
+           "`within_chunks=True` applies it inside each 128-token chunk as well, which computes the same.", "",
            "| model | cache | prefill chunk | " + " | ".join(f"{L}" for L in a["lengths"]) + " | kept (mean) |",
            "|---|---|---|" + "---|" * len(a["lengths"]) + "---|"]
     for name, rows in data["models"].items():
@@ -81,13 +84,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tau", type=float, default=2.0, help="the threshold the models were trained under")
     p.add_argument("--lengths", default="128,256,512,1024,2048")
     p.add_argument("--trials", type=int, default=10)
-    p.add_argument("--chunks", default="0,128,1", help="prefill chunk sizes; 0 = the full cache (no eviction)")
+    p.add_argument("--chunks", default="0,128,128w,1",
+                   help="prefill chunk sizes; 0 = the full cache (no eviction), a trailing w = the rule within chunks")
     p.add_argument("--out", default="benchmarks/results/evict-trained-cpu")
     args = p.parse_args(argv)
     if args.tau < 0 or args.trials < 1:
         raise SystemExit(f"--tau must be >= 0 and --trials >= 1, got {args.tau}, {args.trials}")
     lengths = [int(x) for x in args.lengths.split(",")]
-    chunks = [int(x) or None for x in args.chunks.split(",")]
+    chunks = [(int(x.rstrip("w")) or None, x.endswith("w")) for x in args.chunks.split(",")]
     depths = [0.0, 0.25, 0.5, 0.75, 1.0]
     names = [n for n in args.models.split(",") if n]
     missing = [n for n in names if not (Path(args.run_dir) / "models" / n / "model").is_dir()]

@@ -58,6 +58,8 @@ class FPACache(Cache):
         while len(self.layers) <= idx:
             lc = LayerCache(croppable=self.policy is None, block_size=self.block_size)
             lc.need_weights = self.policy is not None and self.policy.needs_weights
+            if getattr(self.policy, "within_chunks", False):
+                lc.chunk_policy = self.policy  # fpa_cached applies its threshold inside each call
             self.layers.append(lc)
         return self.layers[idx]
 

@@ -61,6 +61,7 @@ class LayerCache(CacheLayerMixin):
     is_compileable = False
     is_sliding = False
     supports_early_init = False
+    chunk_policy = None  # a threshold policy with within_chunks=True (set by FPACache): applied inside calls
 
     def __init__(self, croppable: bool = True, block_size: int = 16):
         self.store: PagedStore | None = None

@@ -57,9 +57,12 @@ class PastBias:
 
 class FPAPastBias(PastBias):
     """FPA/FoX: -beta_h * relu(level_j - min(pm_j, cummin of the new field up to the query));
-    field (B, Hq, T) of the new tokens, beta (Hq,) or a float."""
+    field (B, Hq, T) of the new tokens, beta (Hq,) or a float. With a ``threshold``, a key whose
+    penalty passes it at query t - 1 for every query head of its group gets -inf from query t on
+    (the threshold rule applied inside the call)."""
 
-    def __init__(self, store: PagedStore, field: Tensor, beta):
+    def __init__(self, store: PagedStore, field: Tensor, beta, threshold: float | None = None):
+        self.threshold = threshold
         G, T = store.groups, field.shape[-1]
         self.store, self.G, self.Hkv = store, G, field.shape[1] // G
         self.cm = torch.cummin(_up(field), -1).values.reshape(-1, G, T)  # (R, G, T)
@@ -70,13 +73,24 @@ class FPAPastBias(PastBias):
         level = self.store.pool["level"][ids].permute(0, 2, 1)[:, :, None, :]  # (nb, G, 1, P)
         pm = self.store.pool["pm"][ids].permute(0, 2, 1)[:, :, None, :]
         m = torch.minimum(pm, self.cm[rows][..., None])  # (nb, G, T, P)
-        return (level - m).relu_().mul_(-self.b[rows % self.Hkv][..., None, None])
+        return self._evict((level - m).relu_().mul_(-self.b[rows % self.Hkv][..., None, None]), 1)
 
     def row(self, r, ids):
         level = self.store.pool["level"][ids].reshape(-1, self.G).T[:, None, :]  # (G, 1, n)
         pm = self.store.pool["pm"][ids].reshape(-1, self.G).T[:, None, :]
         m = torch.minimum(pm, self.cm[r][..., None])  # (G, T, n)
-        return (level - m).relu_().mul_(-self.b[r % self.Hkv][:, None, None])
+        return self._evict((level - m).relu_().mul_(-self.b[r % self.Hkv][:, None, None]), 0)
+
+    def _evict(self, bias: Tensor, group_dim: int) -> Tensor:
+        """-inf at query t for the keys whose penalty passed the threshold at query t - 1 for every
+        head of the group (``group_dim``; the query dim follows it)."""
+        if self.threshold is None:
+            return bias
+        gone = (bias < -self.threshold).all(group_dim, keepdim=True)
+        before = torch.zeros_like(gone)
+        before.narrow(group_dim + 1, 1, gone.shape[group_dim + 1] - 1).copy_(
+            gone.narrow(group_dim + 1, 0, gone.shape[group_dim + 1] - 1))
+        return bias.masked_fill_(before, float("-inf"))
 
 
 class AlibiPastBias(PastBias):
@@ -99,9 +113,9 @@ class AlibiPastBias(PastBias):
         return dist.mul(-self.s[r % self.Hkv][:, None, None].to(self.dtype))  # (G, T, n)
 
 
-def fpa_past_bias(store: PagedStore, field: Tensor, beta) -> PastBias:
+def fpa_past_bias(store: PagedStore, field: Tensor, beta, threshold: float | None = None) -> PastBias:
     """The cached keys' bias for FPA/FoX (see FPAPastBias)."""
-    return FPAPastBias(store, field, beta)
+    return FPAPastBias(store, field, beta, threshold)
 
 
 def alibi_past_bias(store: PagedStore, qpos: Tensor, slopes: Tensor) -> PastBias:

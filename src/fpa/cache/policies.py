@@ -76,11 +76,20 @@ def group_all(x: Tensor) -> Tensor:
 
 
 class _ThresholdEviction(Policy):
+    """A threshold rule. ``within_chunks=True`` also applies it inside each forward call: query i
+    of a multi-token call (a prefill chunk) does not see a key the rule would have evicted after
+    query i - 1 had the tokens come one by one, so chunked prefill computes exactly what
+    token-by-token decoding under the rule does (and what ``fpa train --evict-tau`` trains). The
+    default evicts after each call only (keys evicted within a chunk stay visible to it)."""
+
     kind = ""
 
-    def __init__(self, threshold: float):
+    def __init__(self, threshold: float, within_chunks: bool = False):
         super().__init__()
         self.threshold = _check_threshold(threshold)
+        if not isinstance(within_chunks, bool):
+            raise ValueError(f"within_chunks must be a bool, got {within_chunks!r}")
+        self.within_chunks = within_chunks
 
     def check_layer(self, layer: LayerCache) -> None:
         if layer.info.kind != self.kind:
@@ -109,12 +118,13 @@ class FPAEviction(_ThresholdEviction):
 
     kind = "fpa"
 
-    def __init__(self, threshold: float, certified: bool = False):
-        super().__init__(threshold)
+    def __init__(self, threshold: float, certified: bool = False, within_chunks: bool = False):
+        super().__init__(threshold, within_chunks)
         if not isinstance(certified, bool):
             raise ValueError(f"certified must be a bool, got {certified!r}")
         self.certified = certified
-        self.name = f"fpa(tau={self.threshold:g}{', certified' if certified else ''})"
+        extra = (", certified" if certified else "") + (", within chunks" if within_chunks else "")
+        self.name = f"fpa(tau={self.threshold:g}{extra})"
 
     def check_layer(self, layer: LayerCache) -> None:
         super().check_layer(layer)
@@ -131,9 +141,9 @@ class FoXEviction(_ThresholdEviction):
 
     kind = "fox"
 
-    def __init__(self, threshold: float):
-        super().__init__(threshold)
-        self.name = f"fox(tau={self.threshold:g})"
+    def __init__(self, threshold: float, within_chunks: bool = False):
+        super().__init__(threshold, within_chunks)
+        self.name = f"fox(tau={self.threshold:g}{', within chunks' if within_chunks else ''})"
 
 
 def _check_budget(budget) -> int:

@@ -74,11 +74,18 @@ def continue_walk(increments: Tensor, state: LayerCache | None) -> Tensor:
 def fpa_cached(q, k, v, field, level, beta, state: LayerCache, backend="auto", mask=None, pos=None,
                 need_weights=False):
     """Cache form of FPA: attend over the paged cache (level and pm_j = min of the field after key j
-    up to before the new tokens, docs/fpa.md) and the new keys, then store the new keys.
+    up to before the new tokens, docs/fpa.md) and the new keys, then store the new keys. With a
+    ``state.chunk_policy`` (a threshold rule with within_chunks=True) a key the rule evicts after
+    query i - 1 of this call is hidden from query i on, cached and new keys alike.
     q (B, Hq, T, D), k, v (B, Hkv, T, D), field/level (B, Hq, T) -> ((B, Hq, T, D), weights or None).
     ``backend`` is unused: the cache is read block by block by fpa.cache.paged."""
     b = beta.detach() if torch.is_tensor(beta) else beta
-    new_bias = fpa_bias(field, level, field[..., :0], b)  # (B, Hq, T, T), -inf above the diagonal
-    return state.attend(q, k, v, fpa_past_bias(state.store, field, b), new_bias, need_weights,
+    tau = None if state.chunk_policy is None else state.chunk_policy.effective_threshold(state)
+    if tau is None:
+        new_bias = fpa_bias(field, level, field[..., :0], b)  # (B, Hq, T, T), -inf above the diagonal
+    else:  # the threshold rule inside the call, as token-by-token decoding under it would apply it
+        bt = torch.as_tensor(b, dtype=torch.float32, device=field.device).reshape(-1).expand(field.shape[1])
+        new_bias = evicting_bias(field, level, bt, tau, state.info.groups)
+    return state.attend(q, k, v, fpa_past_bias(state.store, field, b, tau), new_bias, need_weights,
                         field=field, level=level, pos=pos, mask=mask)
 
