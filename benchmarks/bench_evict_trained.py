@@ -7,10 +7,11 @@ token by token (the rule runs after every token, exactly as in training) and in 
 head of its KV group (fpa.layers.fpa_form.evicting_bias): what FPACache(FPAEviction(T)) does when
 decoding token by token. A prefill chunk of C tokens evicts nothing inside the chunk, so its
 queries see keys the model never saw in training. This script measures that mismatch on the
-models of ``fpa reproduce`` (the ``-evict2-late`` variants of the ``cpu`` preset by default).
+models of ``fpa reproduce`` (the ``-evict2`` variants of the ``cpu`` preset by default).
 
     OMP_NUM_THREADS=1 python benchmarks/bench_evict_trained.py --run-dir results/reproduce-cpu
-    # writes benchmarks/results/evict-trained-cpu.{json,md}
+    # writes benchmarks/results/evict-trained-cpu.{json,md} (the committed file was written in two
+    # runs, merged: the -late models with --chunks 0,128,128w,1, the others with 0,128,128w)
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from fpa.data.atomic import atomic_write_bytes
 from fpa.eval.passkey import passkey_grid
 from fpa.eval.reproduce import load_model
 
-DEFAULT_MODELS = "fpa-walk-evict2-late-s0,fpa-walk-offset-evict2-late-s0"
+DEFAULT_MODELS = ("fpa-walk-evict2-s0,fpa-walk-offset-evict2-s0,fpa-walk-tokenoffset-evict2-s0,"
+                  "fpa-walk-evict2-late-s0,fpa-walk-offset-evict2-late-s0")
 
 
 def evaluate(model_dir: Path, tau: float, lengths: list[int], depths: list[float], trials: int,
@@ -59,7 +61,8 @@ def markdown(data: dict) -> str:
     a = data["args"]
     out = ["# Trained under the eviction rule, served under it: chunked against token-by-token prefill (CPU)", "",
            f"Models: `{a['run_dir']}/models/<name>/model` (`fpa reproduce --preset cpu`, trained with "
-           f"`--evict-tau {a['tau']:g}` from step 750 of 1500). Passkey exact match, {a['trials']} prompts x "
+           f"`--evict-tau {a['tau']:g}`: the `-late` ones from step 750 of 1500, the others from step 0). "
+           f"Passkey exact match, {a['trials']} prompts x "
            f"{len(a['depths'])} depths per length (seed 0, the prompts of the reproduction's grid). 'chunk 1' "
            "prefills token by token, so the cache applies the rule after every token, as in training; "
            "`within_chunks=True` applies it inside each 128-token chunk as well, which computes the same.", "",

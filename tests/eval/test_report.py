@@ -1,6 +1,7 @@
 import math
 
-from fpa.eval.report import at_multiple, control_table, control_verdicts, lossless_point, verdicts
+from fpa.eval.report import (at_multiple, control_table, control_verdicts, lossless_point,
+                              served_as_trained_table, verdicts)
 
 
 def _method(attention, acc8_by_seed, loss_by_seed, curve=None):
@@ -74,3 +75,15 @@ def test_verdicts_of_a_run_with_ablations_only_say_so():
     r = _results([1.0, 1.0], 2.0)
     r["methods"] = {"fpa-walk-legacy": {**r["methods"]["fpa-walk"], "ablation": True}}
     assert verdicts(r)[-1] == "- The claims compare the main methods; this run has ablations only."
+
+
+def test_served_as_trained_table_pairs_each_tau_after_and_within_chunks():
+    def pt(tau, acc, kept):
+        return {"setting": tau, "accuracy_by_multiple": {"8": acc}, "kept_by_multiple": {"8": kept}}
+
+    r = _results([1.0, 1.0], 2.0)
+    assert served_as_trained_table(r) == "(no run trained with the rule in the loop)"
+    r["methods"]["fpa-walk-evict2"] = {"attention": "fpa", "ablation": True, "cache_curve": {"fpa-within": []},
+                                       "seeds": [{"seed": 0, "cache_curve": {"fpa": [pt(2.0, 0.1, 0.3)],
+                                                                             "fpa-within": [pt(2.0, 0.9, 0.3)]}}]}
+    assert "| fpa-walk-evict2 | 0 | 2 | 10% (30.0%) | 90% (30.0%) |" in served_as_trained_table(r)

@@ -30,6 +30,12 @@ def test_runs_are_every_method_on_every_seed_and_ablations_on_their_seeds():
     assert [r["train_overrides"] for r in runs if r["name"] == "fpa-walk-livereg"] == [{"live_reg": 0.1,
                                                                                         "live_reg_tau": 16.0}]
     assert not any(r["ablation"] for r in runs_of(p, None, (1,)))  # ablation seed 0 not asked for
+    # a run trained with the rule in the loop is also evaluated with the rule inside prefill chunks
+    from fpa.eval.reproduce import curve_policies
+
+    by_name = {r["name"]: r for r in runs}
+    assert curve_policies(p, by_name["fpa-walk-evict2-late"]) == ["full", "fpa", "fpa-within"]
+    assert curve_policies(p, by_name["fpa-walk-offset"]) == ["full", "fpa"]
     with pytest.raises(ValueError, match="methods must name"):
         runs_of(p, ("fpa", "fox"), (0,))
 
@@ -57,7 +63,8 @@ def test_smoke_writes_every_file(smoke_run):
         assert m["task_loss_curve"]["steps"] == [4]
         curves = m["cache_curve"]
         if m["ablation"]:
-            assert list(curves) == ([] if n == "fpa-free-legacy" else ["full", "fpa"])
+            want = [] if n == "fpa-free-legacy" else ["full", "fpa"] + (["fpa-within"] if "evict" in n else [])
+            assert list(curves) == want, n
             continue
         if m["attention"].startswith("softmax"):
             assert curves == {}

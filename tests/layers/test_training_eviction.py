@@ -98,6 +98,7 @@ def test_training_forward_equals_token_by_token_decoding_under_the_rule(tau):
         for t in range(x.shape[1]):
             steps.append(layer(x[:, t:t + 1], cache.layer(0)))
             cache.step_done()
+        layer.set_training_eviction(None)
         full = layer(x)
     decoded = torch.cat(steps, 1)
     # the cache computes its penalties in float32: measured max difference 2.4e-7 (outputs O(1));
@@ -106,16 +107,19 @@ def test_training_forward_equals_token_by_token_decoding_under_the_rule(tau):
     assert (trained.detach() - full).abs().max() > 1e-3, "the rule must change the output here"
 
 
-def test_eval_mode_and_none_leave_the_layer_as_it_was():
+def test_the_rule_applies_in_both_modes_and_none_leaves_the_layer_as_it_was():
+    """Set, the rule masks every forward without a cache (training, and evaluations in eval mode,
+    so they measure what is trained); None restores the plain layer."""
     layer = _walk_layer()
     x = torch.randn(1, 12, 16, dtype=torch.float64)
     with torch.no_grad():
         plain = layer(x)
         layer.set_training_eviction(0.0)
-        layer.eval()
-        torch.testing.assert_close(layer(x), plain)
         layer.train()
-        assert (layer(x) - plain).abs().max() > 1e-6
+        trained = layer(x)
+        assert (trained - plain).abs().max() > 1e-6
+        layer.eval()
+        torch.testing.assert_close(layer(x), trained)
         layer.set_training_eviction(None)
         torch.testing.assert_close(layer(x), plain)
 

@@ -17,11 +17,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from fpa.eval.kv import BUDGET_POLICIES, HYBRID_BUDGETS, THRESHOLD_POLICIES, budget_for, make_policy
+from fpa.eval.kv import BUDGET_POLICIES, HYBRID_BUDGETS, THRESHOLD_POLICIES, THRESHOLD_RULES, budget_for, make_policy
 from fpa.eval.passkey import passkey_grid
 
 HYBRID_POLICIES = tuple(f"{own}+{b}" for own in THRESHOLD_POLICIES.values() for b in HYBRID_BUDGETS)
-CURVE_POLICIES = ("full",) + tuple(THRESHOLD_POLICIES.values()) + BUDGET_POLICIES + HYBRID_POLICIES
+CURVE_POLICIES = ("full",) + THRESHOLD_RULES + BUDGET_POLICIES + HYBRID_POLICIES
 
 
 def _factory(policy: str, setting: float | None, hybrid_threshold: float):
@@ -31,7 +31,7 @@ def _factory(policy: str, setting: float | None, hybrid_threshold: float):
         return None
 
     def make(length: int):
-        if policy in THRESHOLD_POLICIES.values():
+        if policy in THRESHOLD_RULES:
             p = make_policy(policy, threshold=float(setting))
         else:
             p = make_policy(policy, budget=budget_for(float(setting), length), threshold=hybrid_threshold)
@@ -46,7 +46,7 @@ def sweep_of(policy: str, thresholds: Sequence[float], fractions: Sequence[float
         raise ValueError(f"policy must be one of {CURVE_POLICIES}, got {policy!r}")
     if policy == "full":
         return [None]
-    return list(thresholds if policy in THRESHOLD_POLICIES.values() else fractions)
+    return list(thresholds if policy in THRESHOLD_RULES else fractions)
 
 
 def policy_curve(model, tokenizer, policy: str, train_len: int, multiples: Sequence[int], depths: Sequence[float],

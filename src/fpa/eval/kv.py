@@ -10,6 +10,9 @@ from __future__ import annotations
 
 BUDGET_POLICIES = ("window", "streamingllm", "tova", "h2o")
 THRESHOLD_POLICIES = {"fpa": "fpa", "fox": "fox"}  # attention type -> its own rule
+# the own rule applied inside each prefill chunk too (within_chunks=True): for models trained under it
+WITHIN_SUFFIX = "-within"
+THRESHOLD_RULES = tuple(THRESHOLD_POLICIES.values()) + tuple(p + WITHIN_SUFFIX for p in THRESHOLD_POLICIES.values())
 # "<own rule>+<budget policy>": the own rule at a threshold, then a per-head budget on its survivors
 HYBRID_BUDGETS = ("h2o", "tova", "window")
 
@@ -35,10 +38,12 @@ def make_policy(name: str, *, budget: int | None = None, threshold: float | None
         if budget is None:
             raise ValueError(f"budget is required for policy {name!r}")
         return budget_cls[name](budget=int(budget))
-    if name in ("fpa", "fox"):
+    if name in THRESHOLD_RULES:
         if threshold is None:
             raise ValueError(f"threshold is required for policy {name!r}")
-        return (FPAEviction if name == "fpa" else FoXEviction)(threshold=float(threshold))
+        rule = name.removesuffix(WITHIN_SUFFIX)
+        return (FPAEviction if rule == "fpa" else FoXEviction)(threshold=float(threshold),
+                                                              within_chunks=name.endswith(WITHIN_SUFFIX))
     if "+" in name:
         from fpa.cache.hybrid import RuleThenBudget
 
@@ -47,7 +52,7 @@ def make_policy(name: str, *, budget: int | None = None, threshold: float | None
             raise ValueError(f"a hybrid policy is <own rule>+<budget>, own in {tuple(THRESHOLD_POLICIES)} and budget in "
                              f"{HYBRID_BUDGETS}, got {name!r}")
         return RuleThenBudget(make_policy(own, threshold=threshold), make_policy(budget_name, budget=budget))
-    raise ValueError(f"policy must be one of {BUDGET_POLICIES + tuple(THRESHOLD_POLICIES)} or a hybrid such as "
+    raise ValueError(f"policy must be one of {BUDGET_POLICIES + THRESHOLD_RULES} or a hybrid such as "
                      f"'fpa+h2o', got {name!r}")
 
 

@@ -158,6 +158,10 @@ PRESETS["cpu-mix050"] = replace(PRESETS["cpu"], name="cpu-mix050", steps=1000, m
 PRESETS["cpu-copy"] = replace(PRESETS["cpu"], name="cpu-copy", mix_task="passkey+copy", ablation_seeds=(),
                               cache_multiples=(), budget_methods=(), kvpress_methods=())
 
+# The cpu preset's variants on two more seeds (results/reproduce-cpu-variants): run it with
+# --methods naming the variants, e.g. the eviction-trained ones, whose seed 0 is in reproduce-cpu.
+PRESETS["cpu-variants"] = replace(PRESETS["cpu"], name="cpu-variants", ablation_seeds=(1, 2), kvpress_methods=())
+
 
 def get_preset(name: str) -> ReproducePreset:
     if name not in PRESETS:

@@ -109,11 +109,14 @@ def load_model(model_dir: Path, device: str):
     return model, load_tokenizer(model_dir)
 
 
-def eval_stage(kind: str, p_dict: dict, model_dir: str, data_dir: str, policy: str | None = None) -> dict:
+def eval_stage(kind: str, p_dict: dict, model_dir: str, data_dir: str, policy: str | None = None,
+               evict_tau: float | None = None) -> dict:
     """Worker entry point: one evaluation of one trained model. ``kind``: "loss", "passkey" (full
     cache, every length) or "curve" (``policy``: "full", a threshold rule "fpa"/"fox" swept over
-    the preset's thresholds, or a budget policy swept over its kept fractions)."""
-    from fpa.eval.curves import policy_curve
+    the preset's thresholds, or a budget policy swept over its kept fractions). A model trained
+    with the rule in the loop (``evict_tau``) is measured as it was trained: its held-out loss
+    under the rule, its passkey grid served by FPAEviction(evict_tau, within_chunks=True)."""
+    from fpa.eval.curves import _factory, policy_curve
     from fpa.eval.loss import heldout_loss
     from fpa.eval.passkey import passkey_grid
 
@@ -121,10 +124,15 @@ def eval_stage(kind: str, p_dict: dict, model_dir: str, data_dir: str, policy: s
     model, tok = load_model(Path(model_dir), p.device)
     L = p.train_len
     if kind == "loss":
+        if evict_tau is not None:
+            from fpa.train.model_setup import set_training_eviction
+
+            set_training_eviction(model, evict_tau)
         return heldout_loss(model, data_dir, L, p.loss_multiple, p.loss_windows, progress=False)
     if kind == "passkey":
+        served = None if evict_tau is None else _factory("fpa-within", evict_tau, p.hybrid_threshold)
         return passkey_grid(model, tok, [L * m for m in p.passkey_multiples], p.depths, p.trials, seed=p.seed,
-                            chunk_size=p.chunk_size, batch_size=p.trials, progress=False)
+                            make_cache=served, chunk_size=p.chunk_size, batch_size=p.trials, progress=False)
     if kind == "curve":
         fractions = p.hybrid_fractions if "+" in policy else p.fractions
         return {"points": policy_curve(model, tok, policy, p.train_len, p.cache_multiples, p.cache_depths,
@@ -152,13 +160,17 @@ def kvpress_available() -> str | None:
 def curve_policies(p: ReproducePreset, run: dict) -> list[str]:
     """The cache policies evaluated on a run: the full cache and the model's own threshold rule
     (FPA, FoX) on every non-ablation run; the budget policies and the hybrids (own rule, then a
-    budget) on the preset's ``budget_methods``; none when the preset has no ``cache_multiples``."""
-    from fpa.eval.kv import BUDGET_POLICIES, THRESHOLD_POLICIES, hybrids_for
+    budget) on the preset's ``budget_methods``; none when the preset has no ``cache_multiples``.
+    A run trained with the rule in the loop (``evict_tau``) is also served the way it was trained:
+    the own rule inside each prefill chunk too ("<rule>-within")."""
+    from fpa.eval.kv import BUDGET_POLICIES, THRESHOLD_POLICIES, WITHIN_SUFFIX, hybrids_for
 
     if not p.cache_multiples:
         return []
 
     own = [THRESHOLD_POLICIES[run["attention"]]] if run["attention"] in THRESHOLD_POLICIES else []
+    if own and run.get("train_overrides", {}).get("evict_tau") is not None:
+        own += [own[0] + WITHIN_SUFFIX]
     if run["ablation"]:
         return ["full"] + own if run["curves"] and own else []
     chosen = run["name"] in p.budget_methods
@@ -207,7 +219,9 @@ def reproduce(p: ReproducePreset, out_dir: str | Path, progress: bool = True,
 
     def eval_tasks_of(r: dict, model_dir: str) -> list:
         rid, args = run_id(r), (p_dict, model_dir, str(data_dir))
-        tasks = [(f"loss-{rid}", eval_stage, ("loss", *args)), (f"passkey-{rid}", eval_stage, ("passkey", *args))]
+        tau = r.get("train_overrides", {}).get("evict_tau")  # served as trained (eval_stage)
+        tasks = [(f"loss-{rid}", eval_stage, ("loss", *args, None, tau)),
+                 (f"passkey-{rid}", eval_stage, ("passkey", *args, None, tau))]
         tasks += [(f"curve-{rid}-{pol}", eval_stage, ("curve", *args, pol)) for pol in curve_policies(p, r)]
         if kvpress_missing is None and r["name"] in p.kvpress_methods and not r["ablation"]:
             tasks.append((f"kvpress-{rid}", eval_stage, ("kvpress", *args)))

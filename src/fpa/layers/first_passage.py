@@ -81,7 +81,8 @@ class FirstPassageAttention(AttentionBase):
     (beta * tanh(|b|) per token) stopped a language model from learning long-range retrieval.
 
     ``set_training_eviction(threshold)`` trains with the cache's eviction rule in the loop (a key
-    whose penalty passes the threshold is masked out, as FPAEviction evicts it); off by default.
+    whose penalty passes the threshold is masked out, as FPAEviction evicts it) in every forward
+    pass without a cache; off by default.
 
     ``field_lr_multiplier`` (default 1.0): the field heads, the level offset (or its projection)
     and beta (``field_parameters()``) train at that multiple of the learning rate
@@ -144,10 +145,12 @@ class FirstPassageAttention(AttentionBase):
     training_eviction_threshold: float | None = None
 
     def set_training_eviction(self, threshold: float | None) -> None:
-        """In training mode (and without a cache), mask key j out of query i once beta * dip(i, j) >
-        ``threshold``: the rule fpa.cache.FPAEviction(threshold) applies when decoding, so the model
-        learns under the eviction it will be served with (fpa_form.evicting_attention; dense,
-        O(T^2) memory). None turns it off. Evaluation mode is unchanged (use the cache policy)."""
+        """In every forward pass without a cache (training, and the trainer's evaluations in eval
+        mode, so a held-out loss or a probe measures the model under the rule it trains with), mask
+        key j out of query i once beta * dip(i - 1, j) > ``threshold``: what
+        fpa.cache.FPAEviction(threshold, within_chunks=True) does when decoding, so the model learns
+        under the eviction it will be served with (fpa_form.evicting_attention; dense, O(T^2)
+        memory). None turns it off. With a cache, the cache's policy decides."""
         if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, (int, float))
                                       or not math.isfinite(threshold) or threshold < 0):
             raise ValueError(f"threshold must be a finite number >= 0 or None, got {threshold!r}")
@@ -212,7 +215,7 @@ class FirstPassageAttention(AttentionBase):
 
     def _attend(self, q, k, v, x, state, offset, mask=None, pos=None, need_weights=False):
         field, level = self.field_level(x, state, mask)
-        if state is None and self.training and self.training_eviction_threshold is not None:
+        if state is None and self.training_eviction_threshold is not None:
             bias = evicting_bias(field, level, self.beta, self.training_eviction_threshold,
                                  self.num_heads // self.num_kv_heads)
             return evicting_attention(q, k, v, bias, self.scale, need_weights)
