@@ -330,7 +330,8 @@ def _figures(results: dict, out: Path) -> dict[str, str]:
     figs["Answer loss during training (the ablations dashed)"] = "answer-loss.png"
     for n, m in ms.items():
         n_seeds = m["passkey"]["n_seeds"]
-        plots.plot_heatmap(m["passkey"], L, f"{n}: passkey accuracy, full cache "
+        how = "full cache" if "evict" not in n else "served under its own rule"  # eval_stage: as trained
+        plots.plot_heatmap(m["passkey"], L, f"{n}: passkey accuracy, {how} "
                            + (f"(mean of {n_seeds} seeds)" if n_seeds > 1 else "(one seed)"),
                            out / f"passkey-{n}.png")
         figs[f"Passkey heatmap, {n}"] = f"passkey-{n}.png"
