@@ -86,6 +86,7 @@ def aggregate(p: ReproducePreset, runs: list[dict], trained: dict, evaluated: di
         methods[name] = {
             "attention": r0["attention"], "fpa_mode": r0["mode"] if r0["attention"] == "fpa" else None,
             "ablation": r0["ablation"], "overrides": r0["overrides"],
+            "evict_tau": r0.get("train_overrides", {}).get("evict_tau"),  # trained (and served) under the rule
             "passkey": _passkey(pk), "loss": _loss(loss),
             "train": {"tokens_per_s": _spread([t.get("tokens_per_s") for t in train]),
                       "val_loss": _spread([t.get("val_loss") for t in train])},

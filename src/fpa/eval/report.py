@@ -330,7 +330,7 @@ def _figures(results: dict, out: Path) -> dict[str, str]:
     figs["Answer loss during training (the ablations dashed)"] = "answer-loss.png"
     for n, m in ms.items():
         n_seeds = m["passkey"]["n_seeds"]
-        how = "full cache" if "evict" not in n else "served under its own rule"  # eval_stage: as trained
+        how = "full cache" if m.get("evict_tau") is None else "served under its own rule"  # eval_stage: as trained
         plots.plot_heatmap(m["passkey"], L, f"{n}: passkey accuracy, {how} "
                            + (f"(mean of {n_seeds} seeds)" if n_seeds > 1 else "(one seed)"),
                            out / f"passkey-{n}.png")
@@ -381,7 +381,7 @@ def write_report(results: dict, out_dir: str | Path) -> None:
           *(["Runs trained with the eviction rule in the loop (`-evict2*`) are measured as trained: held-out loss "
              "under the rule, passkey served by FPAEviction(tau, within_chunks=True) at the tau it was trained with, "
              "not by the full cache.", ""]
-            if any("evict" in n for n in results["methods"]) else []),
+            if any(m.get("evict_tau") is not None for m in results["methods"].values()) else []),
           f"## Positive control: passkey at 1x per seed (bar {_pct(CONTROL_BAR)})", "", control_table(results), "",
           *(cache_sections(results) if results["preset"]["cache_multiples"] else []),
           "## Setup", "", how_text(results), "", "## Figures", ""]
