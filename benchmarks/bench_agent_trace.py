@@ -1,14 +1,14 @@
 """Memory bounded by nesting depth: bytes held and accuracy along a >= 100k-token agent trace.
 
-One trace of the ``calls`` task (fpa.eval.agent_trace.make_trace: calls open and return at
+One trace of the ``calls`` task (fpa.experiments.agent_trace.make_trace: calls open and return at
 random with the depth capped, observations in between; answers read every 64 tokens) is decoded by
 one-head models under three caches: the full cache, a sliding window of ``--window`` keys and
 FPA's own rule (FPAEviction(``--tau``)). Heads:
 
 - ``trained walk``: the library's fpa_walk layer (level = field), one head, trained on short
-  calls sequences (fpa.eval.agent_trace.train_walk_head);
+  calls sequences (fpa.experiments.agent_trace.train_walk_head);
 - ``trained walk+offset``: the same with a per-token level offset (TokenOffsetWalk in
-  fpa.eval.agent_trace: the library walk with level_offset="token", linear increments, softplus beta);
+  fpa.experiments.agent_trace: the library walk with level_offset="token", linear increments, softplus beta);
 - ``constructed walk+offset``: TokenOffsetWalk with hand-set weights (no training): what the
   mechanism gives when the head is exactly right.
 
@@ -27,7 +27,7 @@ import torch
 
 from fpa.cache import FPAEviction, SlidingWindow
 from fpa.data.atomic import atomic_write_bytes, atomic_write_figure
-from fpa.eval.agent_trace import constructed_offset_head, decode_trace, make_trace, summarise, train_walk_head
+from fpa.experiments.agent_trace import constructed_offset_head, decode_trace, make_trace, summarise, train_walk_head
 
 
 def markdown(data: dict) -> str:

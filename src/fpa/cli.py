@@ -24,12 +24,12 @@ from pathlib import Path
 # command: (module with add_parser, one-line help, extras it needs), in the order --help shows them
 COMMANDS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "model-info": ("fpa.models.cli", "parameter count and layout of a preset", ("models",)),
-    "synth": ("fpa.tasks.cli", "nested-structure tasks: capacity experiment and constructive check", ("train",)),
+    "synth": ("fpa.experiments.synth_cli", "nested-structure tasks: capacity experiment and constructive check", ("train",)),
     "train": ("fpa.train.cli", "train a language model (one process, or torchrun for DDP/FSDP2)", ("models", "train")),
     "prepare-data": ("fpa.train.cli", "tokenize a corpus into memory-mapped token shards", ("train",)),
     "eval": ("fpa.eval.cli", "evaluate a trained model: per-position loss, passkey grid, cache policies",
              ("models", "train")),
-    "reproduce": ("fpa.eval.cli", "train the five methods, run every evaluation, write the report", ("models", "train")),
+    "reproduce": ("fpa.experiments.reproduce_cli", "train the five methods, run every evaluation, write the report", ("models", "train")),
 }
 
 # top-level module of an optional dependency -> the extra of pyproject.toml that provides it

@@ -1,4 +1,4 @@
-"""The agent-trace experiment (fpa.eval.agent_trace): trace invariants, the constructed head's
+"""The agent-trace experiment (fpa.experiments.agent_trace): trace invariants, the constructed head's
 memory bounded by depth, the window's failure on calls that outlive it, the trainer runs."""
 
 import numpy as np
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fpa.cache import FPAEviction, SlidingWindow
-from fpa.eval.agent_trace import (TokenOffsetWalk, constructed_offset_head, decode_trace, make_trace, summarise,
+from fpa.experiments.agent_trace import (TokenOffsetWalk, constructed_offset_head, decode_trace, make_trace, summarise,
                                   train_walk_head)
 from fpa.tasks.nested import CallsTask
 

@@ -1,4 +1,4 @@
-from fpa.eval.plots import plot_cache_curves
+from fpa.experiments.plots import plot_cache_curves
 
 
 def _pt(setting, kept, acc, lo, hi):

@@ -1,6 +1,6 @@
 import math
 
-from fpa.eval.report import (at_multiple, control_table, control_verdicts, lossless_point,
+from fpa.experiments.report import (at_multiple, control_table, control_verdicts, lossless_point,
                               served_as_trained_table, verdicts)
 
 

@@ -5,8 +5,8 @@ import json
 import pytest
 
 from fpa.cli import main
-from fpa.eval.presets import ABLATIONS, METHODS, PRESETS, get_preset
-from fpa.eval.reproduce import reproduce, runs_of
+from fpa.experiments.presets import ABLATIONS, METHODS, PRESETS, get_preset
+from fpa.experiments.reproduce import reproduce, runs_of
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +31,7 @@ def test_runs_are_every_method_on_every_seed_and_ablations_on_their_seeds():
                                                                                         "live_reg_tau": 16.0}]
     assert not any(r["ablation"] for r in runs_of(p, None, (1,)))  # ablation seed 0 not asked for
     # a run trained with the rule in the loop is also evaluated with the rule inside prefill chunks
-    from fpa.eval.reproduce import curve_policies
+    from fpa.experiments.reproduce import curve_policies
 
     by_name = {r["name"]: r for r in runs}
     assert curve_policies(p, by_name["fpa-walk-evict2-late"]) == ["full", "fpa", "fpa-within"]
@@ -130,8 +130,8 @@ def _square(x: int) -> dict:
 
 
 def test_pool_records_each_stage_and_reports_a_failing_one(tmp_path):
-    from fpa.eval.pool import run_tasks
-    from fpa.eval.stages import Stages
+    from fpa.experiments.pool import run_tasks
+    from fpa.experiments.stages import Stages
 
     logs = []
     st = Stages(tmp_path, log=logs.append)
@@ -145,7 +145,7 @@ def test_pool_records_each_stage_and_reports_a_failing_one(tmp_path):
 
 
 def test_a_run_recorded_before_a_preset_setting_existed_still_resumes():
-    from fpa.eval.reproduce import same_preset
+    from fpa.experiments.reproduce import same_preset
 
     p = PRESETS["cpu"]
     saved = json.loads(json.dumps(p.to_dict()))  # as read back from state.json

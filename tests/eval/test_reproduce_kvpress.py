@@ -4,12 +4,12 @@ import json
 
 import pytest
 
-from fpa.eval.presets import get_preset
-from fpa.eval.reproduce import kvpress_available, reproduce
+from fpa.experiments.presets import get_preset
+from fpa.experiments.reproduce import kvpress_available, reproduce
 
 
 def test_without_kvpress_the_report_says_how_to_add_it(tmp_path, monkeypatch):
-    import fpa.eval.reproduce as R
+    import fpa.experiments.reproduce as R
 
     monkeypatch.setattr(R, "kvpress_available", lambda: "ImportError: no kvpress")
     logs = []

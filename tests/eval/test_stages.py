@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from fpa.eval.stages import Stages
+from fpa.experiments.stages import Stages
 
 
 def test_finished_stages_are_not_rerun_and_outputs_survive(tmp_path):

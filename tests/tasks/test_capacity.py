@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from fpa.tasks.capacity import TrainConfig, run_grid, train_cell
+from fpa.experiments.capacity import TrainConfig, run_grid, train_cell
 
 TINY = TrainConfig(steps=2, batch=4, eval_n=8, log_every=1)
 
@@ -34,7 +34,7 @@ def test_train_cell_is_deterministic_and_complete():
 
 
 def test_lr_schedule_warmup_cosine_and_constant():
-    from fpa.tasks.capacity import lr_factor
+    from fpa.experiments.capacity import lr_factor
 
     cos = TrainConfig(steps=100, warmup=10)
     assert lr_factor(cos, 0) == pytest.approx(0.1) and lr_factor(cos, 9) == pytest.approx(1.0)
@@ -49,7 +49,7 @@ def test_lr_schedule_warmup_cosine_and_constant():
 @pytest.mark.parametrize("recipe", ["dense", "legacy"])
 def test_both_recipes_train(recipe):
     """The dense loss (default) and the legacy final-query loss both run and lower the loss."""
-    from fpa.tasks.capacity import RECIPES
+    from fpa.experiments.capacity import RECIPES
 
     cfg = TrainConfig(**{**RECIPES[recipe], "steps": 30, "batch": 8, "warmup": min(5, RECIPES[recipe]["warmup"])},
                       eval_n=8, log_every=1)
@@ -60,7 +60,7 @@ def test_both_recipes_train(recipe):
 
 def test_length_curriculum_trains_every_kth_step_on_longer_sequences(monkeypatch):
     """long_every=2: steps 1, 3, ... see batches at long_factor x the length; the others at 1x."""
-    import fpa.tasks.capacity as capacity
+    import fpa.experiments.capacity as capacity
 
     seen = []
     real = capacity._tensors

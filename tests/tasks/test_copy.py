@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from fpa.data import ByteTokenizer
-from fpa.eval.presets import PRESETS
-from fpa.eval.reproduce import curve_policies, runs_of
+from fpa.experiments.presets import PRESETS
+from fpa.experiments.reproduce import curve_policies, runs_of
 from fpa.tasks import TASK_PROBES, get_mixer
 from fpa.tasks.copy import COPY_SHARE, copy_training_sample, passkey_or_copy_sample, random_string
 from fpa.tasks.passkey import QUESTION

@@ -1,12 +1,10 @@
-"""``fpa eval`` (one trained model) and ``fpa reproduce`` (the whole paper, one preset)."""
+"""``fpa eval``: evaluate one trained model (held-out loss, passkey grid, cache policies)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 from pathlib import Path
-
-from fpa.eval.presets import PRESETS
 
 
 def _floats(s: str) -> tuple[float, ...]:
@@ -154,7 +152,7 @@ def run_eval(args) -> int:
     from fpa.eval.kv import policies_for
     from fpa.eval.loss import heldout_loss
     from fpa.eval.passkey import passkey_grid
-    from fpa.eval.stages import write_json
+    from fpa.experiments.stages import write_json
 
     attention = model.config.attention
     res = {"model": str(model_dir), "train_len": L}
@@ -178,23 +176,6 @@ def run_eval(args) -> int:
                       f"accuracy by multiple {p['accuracy_by_multiple']}")
     write_json(out, res)
     print(f"wrote {out}")
-    return 0
-
-
-def run_reproduce(args) -> int:
-    from fpa.eval.presets import get_preset
-    from fpa.eval.reproduce import reproduce
-
-    preset = get_preset(args.preset)
-    if args.data_source:
-        import dataclasses
-
-        preset = dataclasses.replace(preset, data_source=args.data_source, corpus_max_bytes=args.max_bytes)
-    methods = tuple(args.methods.split(",")) if args.methods else None
-    res = reproduce(preset, args.out, progress=not args.no_progress, methods=methods, seeds=args.seeds,
-                    jobs=args.jobs, stop_after=args.stop_after)
-    if res:
-        print(f"wrote {Path(args.out) / 'report.md'} and {Path(args.out) / 'results.json'}")
     return 0
 
 
@@ -224,20 +205,3 @@ def add_parser(subparsers) -> None:
     e.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where the model runs")
     e.add_argument("--no-progress", action="store_true", help="no progress bars")
     e.set_defaults(func=run_eval)
-    r = subparsers.add_parser("reproduce", help="train the five methods, run every evaluation, write the report")
-    r.add_argument("--preset", required=True, choices=tuple(PRESETS),
-                   help="budgets for training and every evaluation (fpa.eval.presets)")
-    r.add_argument("--out", required=True, help="run folder (resumes if it holds an interrupted run)")
-    r.add_argument("--methods", help="comma list of methods (default: the five methods and, on the preset's "
-                                     "ablation seeds, the ablations; see fpa.eval.presets)")
-    r.add_argument("--seeds", type=_ints, default=None,
-                   help="comma list of training seeds, e.g. 0,1,2 (default: the preset's)")
-    r.add_argument("--jobs", type=int, default=1,
-                   help="independent stages to run at once in worker processes (each with cores/jobs threads)")
-    r.add_argument("--stop-after", choices=("train",), default=None,
-                   help="stop after the training stages (evaluate later, e.g. on another machine)")
-    r.add_argument("--data-source", help="corpus instead of the preset's (a path, a list file or hf:NAME; "
-                                         "see fpa prepare-data); recorded in the run's config")
-    r.add_argument("--max-bytes", type=int, help="with --data-source: cap on the corpus size in bytes")
-    r.add_argument("--no-progress", action="store_true", help="no progress bars")
-    r.set_defaults(func=run_reproduce)

@@ -43,13 +43,24 @@ def loss_summary(curve: np.ndarray, train_len: int) -> dict:
     return {"loss": loss, "ppl": math.exp(loss), "by_multiple": by}
 
 
-def heldout_loss(model, data_dir, train_len: int, multiple: int, n_windows: int, progress: bool = True) -> dict:
-    """Per-position loss on ``n_windows`` held-out windows of ``multiple`` x ``train_len`` tokens
-    (evenly spread over the val split of a prepared data folder) -> {"curve", **loss_summary}."""
-    from fpa.data import TokenShards
-    from fpa.train.batches import eval_windows
+HALVES = {"all": (0.0, 1.0), "first": (0.0, 0.5), "second": (0.5, 1.0)}
 
+
+def heldout_loss(model, data_dir, train_len: int, multiple: int, n_windows: int, progress: bool = True,
+                 part: str = "all") -> dict:
+    """Per-position loss on ``n_windows`` held-out windows of ``multiple`` x ``train_len`` tokens
+    (evenly spread over ``part`` of the val split of a prepared data folder: "all", or its "first"
+    or "second" half, so that tuning and reporting use disjoint text) -> {"curve", **loss_summary}."""
+    from fpa.data import TokenShards
+
+    if part not in HALVES:
+        raise ValueError(f"part must be one of {tuple(HALVES)}, got {part!r}")
     val, n = TokenShards(data_dir, "val"), train_len * multiple
-    w = np.stack([val[int(s): int(s) + n + 1] for s in eval_windows(val, n, n_windows)])
+    lo_f, hi_f = HALVES[part]
+    lo, hi = int(lo_f * len(val)), int(hi_f * len(val))
+    if hi - lo < n + 1:
+        raise ValueError(f"the {part!r} part of the val split has {hi - lo} tokens, fewer than {n + 1}")
+    starts = np.linspace(lo, hi - n - 1, num=n_windows).astype(np.int64)
+    w = np.stack([val[int(s): int(s) + n + 1] for s in starts])
     curve = per_position_loss(model, w, batch_size=2, progress=progress)
     return {"curve": curve.tolist(), **loss_summary(curve, train_len)}

@@ -25,7 +25,7 @@ from fpa.ops import first_passage_attention
 FPA_MODES = ("free", "walk")
 WALK_INCREMENTS = ("linear", "tanh", "gated")
 BETA_ACTIVATIONS = ("softplus", "exp")
-LEVEL_OFFSETS = (False, True, "head", "token")  # True = "head"
+LEVEL_OFFSETS = (False, True, "none", "head", "token")  # True = "head", False = "none"
 
 
 def check_level_offset(level_offset: bool | str, mode: str) -> str | None:
@@ -37,7 +37,7 @@ def check_level_offset(level_offset: bool | str, mode: str) -> str | None:
     if isinstance(level_offset, bool):
         kind = "head" if level_offset else None
     elif isinstance(level_offset, str) and level_offset in LEVEL_OFFSETS:
-        kind = level_offset
+        kind = None if level_offset == "none" else level_offset
     else:
         raise ValueError(f"level_offset must be 'auto' or one of {LEVEL_OFFSETS} (True means 'head'), "
                          f"got {level_offset!r}")

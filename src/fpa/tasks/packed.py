@@ -80,7 +80,7 @@ class PackedModels(nn.Module):
         if n_models < 1:
             raise ValueError(f"n_models must be >= 1, got {n_models}")
         attention, kw = METHODS[method]
-        kw = {**kw, **(layer_kwargs or {})}  # e.g. FPA parametrisation variants (fpa.tasks.diagnostic)
+        kw = {**kw, **(layer_kwargs or {})}  # e.g. FPA parametrisation variants (fpa.experiments.diagnostic)
         S, E = n_models, embed_dim
         self.n_models, self.embed_dim = S, E
         self.embed = nn.Parameter(torch.randn(S, vocab_size, E))

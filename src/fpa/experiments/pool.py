@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from multiprocessing import get_context
 
-from fpa.eval.stages import Stages
+from fpa.experiments.stages import Stages
 
 Task = tuple[str, Callable[..., dict], tuple]
 

@@ -1,7 +1,7 @@
 """Why one-layer FPA walk heads missed the success bar: a fixed diagnostic set of cells and seeds,
 trained under parametrisation variants of the walk, each factor switched on its own.
 
-    python -m fpa.tasks.diagnostic --out results/synthetic/diagnostic
+    python -m fpa.experiments.diagnostic --out results/synthetic/diagnostic
 
 The three factors (``FirstPassageAttention`` arguments):
 
@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from fpa.tasks.capacity import TrainConfig, make_cell_data, train_cell
+from fpa.experiments.capacity import TrainConfig, make_cell_data, train_cell
 
 # every variant names its level offset: the default changed on 2026-12-04 (False -> a head offset from 1)
 LEGACY = dict(walk_increment="linear", walk_bias_init=0.0, beta_activation="softplus",
@@ -97,7 +97,7 @@ def to_markdown(rows: list[dict]) -> str:
 def report_rounds(rounds: list[tuple[str, list[dict]]]) -> str:
     """One markdown document: a heading and a table per (note, rows) round."""
     md = ["# Why one-layer FPA walk heads missed: the diagnostic", "",
-          "Produced by `fpa.tasks.diagnostic` (`python -m fpa.tasks.diagnostic --out DIR` reruns round 1 with "
+          "Produced by `fpa.experiments.diagnostic` (`python -m fpa.experiments.diagnostic --out DIR` reruns round 1 with "
           "the current variant list): FPA walk only, 8 seeds never used elsewhere (30-37), the dense recipe "
           "(lr 3e-2, batch 16). A variant is: walk increment (linear or tanh), beta activation (softplus or "
           "exp), increment bias at initialisation, training steps. 'linear, softplus, bias 0' is the "

@@ -7,7 +7,7 @@
 Writes DIR/results.json (meta + one record per run), results.md, heatmap_<task>.png,
 curves_<task>.png and constructive.json / constructive.md (P4 by construction, no training).
 Explicit options override the preset's values. ``--recipe curriculum`` (default), ``dense`` or
-``legacy`` picks the training recipe, the same for every method (see ``fpa.tasks.capacity.RECIPES``).
+``legacy`` picks the training recipe, the same for every method (see ``fpa.experiments.capacity.RECIPES``).
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ def _synth(args: argparse.Namespace) -> int:
 
     import torch
 
-    from fpa.tasks.capacity import RECIPES
+    from fpa.experiments.capacity import RECIPES
     from fpa.tasks.nested import TASKS
     from fpa.tasks.packed import METHODS
 
@@ -150,10 +150,10 @@ def _run(args, o, tasks, methods, dims, ms, seeds, recipe, out) -> int:
     import json
 
     from fpa.data.atomic import atomic_write_bytes
-    from fpa.tasks.capacity import TrainConfig, run_grid
+    from fpa.experiments.capacity import TrainConfig, run_grid
     from fpa.tasks.construct import constructive_check
     from fpa.tasks.packed import fpa_parametrisation
-    from fpa.tasks.report import write_all
+    from fpa.experiments.synth_report import write_all
 
     cfg = TrainConfig(**recipe)
     fkw = o["fpa_kwargs"]
@@ -183,7 +183,7 @@ def _merge(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from fpa.cli import writable_dir
-    from fpa.tasks.report import write_all
+    from fpa.experiments.synth_report import write_all
 
     dirs = [Path(d.strip()) for d in args.merge.split(",") if d.strip()]
     missing = [str(d) for d in dirs if not (d / "results.json").is_file()]

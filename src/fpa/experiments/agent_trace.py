@@ -34,7 +34,7 @@ from torch import Tensor, nn
 
 from fpa.cache import FPACache, Policy
 from fpa.layers.attention import FirstPassageAttention
-from fpa.tasks.capacity import TrainConfig, lr_factor
+from fpa.experiments.capacity import TrainConfig, lr_factor
 from fpa.tasks.nested import PUSH, CallsTask, sample_walk
 from fpa.tasks.packed import PackedModels
 
@@ -187,7 +187,7 @@ def train_walk_head(steps: int = 600, batch: int = 32, dim: int = 16, m_max: int
                     layer_kwargs: dict | None = None) -> tuple[PackedModels, list[float]]:
     """A one-layer one-head fpa_walk model trained on calls sequences (depth at the end m in
     1..m_max, ``obs_weight`` observations per push or pop, length (m + 16) * length_factor), dense
-    loss in tolerance units, Adam with warm-up and cosine decay (``fpa.tasks.capacity``).
+    loss in tolerance units, Adam with warm-up and cosine decay (``fpa.experiments.capacity``).
     Returns the model and the loss every 10 steps."""
     task = CallsTask()
     cfg = TrainConfig(steps=steps, batch=batch, lr=lr)

@@ -60,7 +60,7 @@ def success_grid(records: list[dict], task: str, method: str, dims: list, ms: li
 
 def success_at_1x(r: dict) -> bool:
     """Target mass and accuracy >= 0.99 on the training-length held-out set alone."""
-    from fpa.tasks.capacity import ACC_TARGET, MASS_TARGET
+    from fpa.experiments.capacity import ACC_TARGET, MASS_TARGET
 
     one = r["per_length"]["1x"]
     return bool(one["target_mass"] >= MASS_TARGET and one["accuracy"] >= ACC_TARGET)

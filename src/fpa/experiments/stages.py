@@ -23,13 +23,17 @@ def read_json(path: str | Path):
 class Stages:
     """Stage runner over ``out_dir``: ``out_dir/state.json`` = {"done": [names], "seconds": {name: s}}
     and ``out_dir/stages/<name>.json`` = each stage's output. ``write=False`` (torchrun ranks > 0)
-    runs the stages without recording them."""
+    runs the stages without recording them. ``stamp`` (e.g. the code's commit) is recorded with
+    every stage this runner finishes, in ``state["stamps"][name]``."""
 
-    def __init__(self, out_dir: str | Path, log: Callable[[str], None] = print, write: bool = True):
+    def __init__(self, out_dir: str | Path, log: Callable[[str], None] = print, write: bool = True,
+                 stamp: dict | None = None):
         self.dir, self.write = Path(out_dir), write
         self.state_path = self.dir / "state.json"
         self.log = log
+        self.stamp = dict(stamp or {})
         self.state = read_json(self.state_path) if self.state_path.is_file() else {"done": [], "seconds": {}}
+        self.state.setdefault("stamps", {})
 
     def output_path(self, name: str) -> Path:
         if not name or "/" in name or name.startswith("."):
@@ -56,9 +60,21 @@ class Stages:
         write_json(self.output_path(name), out)
         self.state["done"] = [n for n in self.state["done"] if n != name] + [name]
         self.state["seconds"][name] = round(seconds, 2)
+        self.state["stamps"][name] = self.stamp
         write_json(self.state_path, self.state)
         self.log(f"[stage] {name} done in {seconds:.1f} s")
         return out
 
     def seconds(self) -> dict:
         return dict(self.state["seconds"])
+
+    def stamp_of(self, name: str) -> dict:
+        """The stamp recorded with stage ``name`` ({} for a stage recorded without one)."""
+        return dict(self.state["stamps"].get(name, {}))
+
+    def add_wall_time(self, seconds: float) -> float:
+        """Add one call's wall time to the state file's total; returns the total."""
+        self.state["wall_s"] = float(self.state.get("wall_s", 0.0)) + float(seconds)
+        if self.write:
+            write_json(self.state_path, self.state)
+        return self.state["wall_s"]
