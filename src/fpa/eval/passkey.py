@@ -51,6 +51,10 @@ def passkey_grid(model, tokenizer, lengths: Sequence[int], depths: Sequence[floa
                  batch_size: int | None = None, progress: bool = True, desc: str = "passkey") -> dict:
     """Exact-match passkey accuracy over lengths x depths.
 
+    The prompts of one length (every depth, ``trials`` each) are decoded in batches of
+    ``batch_size`` (default: ``trials``); a batch may span cells, and each cell is credited with
+    the kept fraction of the batch its prompts ran in.
+
     Returns {"lengths", "depths", "trials", "correct": (n_len, n_depth) ints, "accuracy": same as
     fractions, "accuracy_by_length": (n_len,), "kept_fraction": (n_len, n_depth) achieved
     (1.0 = full cache), "kept_fraction_mean", "examples": one generated text per length}.
@@ -59,18 +63,31 @@ def passkey_grid(model, tokenizer, lengths: Sequence[int], depths: Sequence[floa
         raise ValueError(f"trials must be a positive int, got {trials!r}")
     if not lengths or not depths:
         raise ValueError("lengths and depths must be non-empty")
+    bs = trials if batch_size is None else batch_size
+    if not isinstance(bs, int) or bs < 1:
+        raise ValueError(f"batch_size must be a positive int or None, got {batch_size!r}")
     correct = np.zeros((len(lengths), len(depths)), dtype=np.int64)
     kept = np.ones((len(lengths), len(depths)))
     examples = []
-    bar = tqdm(total=len(lengths) * len(depths), desc=desc, disable=not progress, leave=False)
+    bar = tqdm(total=len(lengths) * len(depths) * trials, desc=desc, disable=not progress, leave=False)
     model.eval()
     for i, length in enumerate(lengths):
+        prompts, cells = [], []
         for j, depth in enumerate(depths):
-            prompts = cell_prompts(tokenizer, int(length), float(depth), j, trials, seed)
-            correct[i, j], kept[i, j], texts = run_cell(model, tokenizer, prompts, make_cache, chunk_size, batch_size)
-            if j == 0:
-                examples.append({"length": int(length), "key": prompts[0].key, "generated": texts[0]})
-            bar.update(1)
+            prompts += cell_prompts(tokenizer, int(length), float(depth), j, trials, seed)
+            cells += [j] * trials
+        kept_sum, texts = np.zeros(len(depths)), []
+        for a in range(0, len(prompts), bs):
+            group = prompts[a:a + bs]
+            n_ok, k, t = run_cell(model, tokenizer, group, make_cache, chunk_size, len(group))
+            texts += t
+            for c in cells[a:a + bs]:
+                kept_sum[c] += k
+            bar.update(len(group))
+        for p, text, c in zip(prompts, texts, cells):
+            correct[i, c] += is_correct(text, p.key)
+        kept[i] = kept_sum / trials
+        examples.append({"length": int(length), "key": prompts[0].key, "generated": texts[0]})
     bar.close()
     acc = correct / trials
     finite = kept[np.isfinite(kept)]

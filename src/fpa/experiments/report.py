@@ -46,7 +46,8 @@ def setup_text(results: dict) -> str:
             f"{p['warmup_steps']} warm-up steps, cosine), task samples (`{p['mix_task']}`) in a {p['mix_rate']} share "
             f"of the sequences, at the training length only. Passkey: {len(p['depths'])} needle depths x "
             f"{p['trials']} prompts per length, greedy decoding, exact match. Held-out loss: {p['loss_windows']} "
-            f"windows of {p['loss_multiple']} x {p['train_len']} tokens from the reporting half of the held-out split.")
+            f"windows of {p['loss_multiple']} x {p['train_len']} tokens from the "
+            f"{'tuning' if p.get('tuning') else 'reporting'} half of the held-out split.")
 
 
 def tuning_markdown(results: dict) -> str:

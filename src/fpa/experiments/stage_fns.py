@@ -55,7 +55,7 @@ def _grid(model, tok, p: ReproducePreset, seed: int, make_cache=None) -> dict:
     from fpa.eval.passkey import passkey_grid
 
     g = passkey_grid(model, tok, _lengths(p), p.depths, p.trials, seed=seed, make_cache=make_cache,
-                     chunk_size=p.chunk_size, batch_size=p.trials, progress=False)
+                     chunk_size=p.chunk_size, batch_size=p.eval_batch_size, progress=False)
     g.pop("examples", None)
     return g
 
