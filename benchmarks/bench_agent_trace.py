@@ -36,7 +36,8 @@ def markdown(data: dict) -> str:
     out = ["# Agent trace: memory bounded by nesting depth (CPU)", "",
            f"Trace: {a['tokens']} tokens of the calls task, depth <= {a['max_depth']} (mean {tr['mean_depth']:.2f}), "
            f"p(call) = p(return) = {a['p']}, otherwise observations, answers read every 64 tokens "
-           f"({tr['queries']} read-outs with an open call). Oldest open call at a read-out: median {tr['median_oldest']} "
+           f"({tr['queries']} read-outs with an open call). Oldest open call at a read-out: median "
+           f"{tr['median_oldest']} "
            f"tokens, max {tr['max_oldest']}; {100 * tr['frac_older']:.1f}% of the read-outs have an open call older "
            f"than the window ({a['window']} keys). Decoded in chunks of {a['chunk']} tokens (the policy runs after "
            f"each). Accuracy = answers within the task's tolerance (0.5 / depth) at the read-outs.", "",
@@ -46,7 +47,7 @@ def markdown(data: dict) -> str:
         s = r["samples"]
         at = {x["tokens"]: x for x in s}
 
-        def kib(n):
+        def kib(n, at=at):
             near = min(at, key=lambda t: abs(t - n))
             return f"{at[near]['bytes_held'] / 1024:.1f}"
 

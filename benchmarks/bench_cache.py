@@ -31,8 +31,8 @@ import torch
 from tqdm import tqdm
 
 from fpa.cache import FPACache, FPAEviction, prefill
-from fpa.models import FPAConfig, FPAForCausalLM
 from fpa.data.atomic import atomic_write_bytes, atomic_write_figure
+from fpa.models import FPAConfig, FPAForCausalLM
 
 
 @torch.no_grad()
@@ -44,7 +44,7 @@ def calibrate_fields(model: FPAForCausalLM, std: float, probe_len: int = 512, se
     probe = torch.randint(0, model.config.vocab_size, (1, probe_len), generator=g)
     for block in model.model.layers:
         attn, seen = block.attn, []
-        handle = attn.register_forward_pre_hook(lambda mod, a: seen.append(a[0]))
+        handle = attn.register_forward_pre_hook(lambda mod, a, seen=seen: seen.append(a[0]))
         model(probe)
         handle.remove()
         for lin in (attn.field_proj, attn.level_proj):
@@ -85,7 +85,8 @@ def run_config(model, policy, lengths, args, bar) -> list[dict]:
             model(tok, past_key_values=cache, use_cache=True)
             step_s.append(time.perf_counter() - t0)
         seen = cache.get_seq_length()
-        rows.append(dict(config=policy.name if policy else "full", length=L, tokens_per_s=1.0 / statistics.median(step_s),
+        rows.append(dict(config=policy.name if policy else "full", length=L,
+                         tokens_per_s=1.0 / statistics.median(step_s),
                          bytes_held=cache.bytes_held(), bytes_live=cache.bytes_live(),
                          kept_fraction=cache.kept_fraction()))
         bar.update(1)
@@ -99,7 +100,8 @@ def markdown(rows: list[dict], header: str, args) -> str:
     out = ["# KV cache: decode speed and memory vs length (CPU)", "",
            f"Model: {header}.", "",
            f"Per length L: chunked prefill (chunk {args.chunk}) up to L, then {args.window} timed decode steps "
-           f"(tokens/s = 1 / median step time over the window; bytes held and kept fraction after it). Batch 1, float32, "
+           f"(tokens/s = 1 / median step time over the window; bytes held and kept fraction after it). Batch 1, "
+           f"float32, "
            f"torch.get_num_threads() = {torch.get_num_threads()}. kept = keys held / keys seen over layers "
            "and KV heads. MiB = bytes the cache has allocated (keys, values, positions, levels, minima, holes, "
            "partial and free blocks, block tables); live = bytes of the kept keys alone.", ""]

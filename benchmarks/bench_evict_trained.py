@@ -46,7 +46,8 @@ def evaluate(model_dir: Path, tau: float, lengths: list[int], depths: list[float
                 return FPACache(policy), policy
         t0 = time.perf_counter()
         g = passkey_grid(model, tok, lengths, depths, trials, seed=0, make_cache=make,
-                         chunk_size=chunk or max(c for c, _ in chunks if c), desc=f"{model_dir.parent.name} chunk {chunk}")
+                         chunk_size=chunk or max(c for c, _ in chunks if c),
+                         desc=f"{model_dir.parent.name} chunk {chunk}")
         cache = "full" if chunk is None else f"FPAEviction({tau:g}{', within_chunks=True' if within else ''})"
         rows.append(dict(cache=cache, chunk=chunk,
                          accuracy_by_length=g["accuracy_by_length"],
@@ -75,7 +76,8 @@ def markdown(data: dict) -> str:
                        + " | ".join(f"{100 * x:.0f}%" for x in r["accuracy_by_length"]) + f" | {100 * kept:.1f}% |")
     out += ["", "Columns: prompt length in tokens (the training length is 128). Example answers at 128 tokens: "
             + "; ".join(f"{n}, {r['cache']}, chunk {r['chunk'] or '-'}: {r['example']['generated']!r} "
-                        f"(key {r['example']['key']})" for n, rows in data["models"].items() for r in rows[:1] + rows[-1:]),
+                        f"(key {r['example']['key']})"
+                        for n, rows in data["models"].items() for r in rows[:1] + rows[-1:]),
             "", f"Wall time: {data['seconds'] / 60:.1f} min."]
     return "\n".join(out) + "\n"
 

@@ -1,6 +1,6 @@
 """GPU benchmark: FPA (triton, skipping off and on; flex) vs FoX vs SDPA flash, forward+backward, bf16.
 
-Superseded by benchmarks/gpu_check.py (issue 15), which also checks flex, FoX-as-FPA and T up to 4k,
+Superseded by benchmarks/gpu_check.py, which also checks flex, FoX-as-FPA and T up to 4k,
 times FoX through the same triton kernel, adds a training line, and records the verdicts that let
 ``backend="auto"`` pick triton/flex on that GPU (fpa.ops.gpu_verified). Kept for its flex/fla rows.
 
@@ -91,7 +91,8 @@ def methods() -> dict:
             scale=D**-0.5,
         ).transpose(1, 2)
     else:
-        out["FoX (fpa chunked; fla not importable)"] = lambda x: forgetting_attention(x["q"], x["k"], x["v"], x["log_f"])
+        out["FoX (fpa chunked; fla not importable)"] = lambda x: forgetting_attention(x["q"], x["k"], x["v"],
+                                                                                      x["log_f"])
 
     def sdpa(x):
         from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -133,7 +134,7 @@ def correctness_check() -> list[str]:
              (torch.bfloat16, 1, 2, 1, 130, 130, 128)]
     for dtype, B, Hq, Hkv, Tq, Tk, Dh in cases:
         g = torch.Generator(device="cuda").manual_seed(Tq)
-        r = lambda *s: torch.randn(*s, generator=g, device="cuda")  # noqa: E731
+        r = lambda *s, g=g: torch.randn(*s, generator=g, device="cuda")  # noqa: E731
         xs = dict(q=r(B, Hq, Tq, Dh), k=r(B, Hkv, Tk, Dh), v=r(B, Hkv, Tk, Dh), field=3 * r(B, Hq, Tk),
                   level=3 * r(B, Hq, Tk), beta=torch.rand(Hq, device="cuda") + 0.25)
         xs = {n: (t.to(dtype) if n in ("q", "k", "v") else t).requires_grad_(True) for n, t in xs.items()}
@@ -141,7 +142,8 @@ def correctness_check() -> list[str]:
         res = {}
         try:
             for backend in ("reference", "triton"):
-                o = first_passage_attention(*(xs[n] for n in ("q", "k", "v", "field", "level")), beta=xs["beta"], backend=backend)
+                o = first_passage_attention(*(xs[n] for n in ("q", "k", "v", "field", "level")), beta=xs["beta"],
+                                            backend=backend)
                 res[backend] = [o] + list(torch.autograd.grad((o.float() * w).sum(), list(xs.values())))
         except Exception as e:  # noqa: BLE001 - a compile or launch error is a failed check
             failures.append(f"{dtype} B{B} Hq{Hq} Hkv{Hkv} Tq{Tq} Tk{Tk} D{Dh}: {e!r}")
@@ -151,7 +153,8 @@ def correctness_check() -> list[str]:
             rms = err.pow(2).mean().sqrt() / b.double().pow(2).mean().sqrt().clamp(min=1e-3)
             rms_tol, max_tol = tols[dtype] if name == "out" else (4 * tols[dtype][0], 20 * tols[dtype][1])
             if not (rms <= rms_tol and err.abs().max() <= max_tol):
-                failures.append(f"{dtype} B{B} Hq{Hq} Hkv{Hkv} Tq{Tq} Tk{Tk} D{Dh} {name}: rms {rms:.2e}, max {err.abs().max():.2e}")
+                failures.append(f"{dtype} B{B} Hq{Hq} Hkv{Hkv} Tq{Tq} Tk{Tk} D{Dh} {name}: rms {rms:.2e}, max "
+                                f"{err.abs().max():.2e}")
     return failures
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from fpa.cache import H2O, FPACache, FoXEviction, FPAEviction, SlidingWindow, prefill
+from fpa.cache import H2O, FoXEviction, FPACache, FPAEviction, SlidingWindow, prefill
 from fpa.data.atomic import atomic_write_bytes, atomic_write_figure
 from fpa.data.sources import stdlib_files
 from fpa.models import FPAForCausalLM
@@ -155,7 +155,8 @@ def markdown(data: dict) -> str:
         for c in names:
             r = cell.get((c, L))
             if r is not None and c != "full":
-                out.append(f"- {c}: kept {r['kept_fraction']:.3f} of the keys, holds {r['bytes_held'] / full_bytes[L]:.3f} "
+                held = r["bytes_held"] / full_bytes[L]
+                out.append(f"- {c}: kept {r['kept_fraction']:.3f} of the keys, holds {held:.3f} "
                            f"of the full cache's bytes (L = {L})")
     walls = ", ".join(f"{k} {v / 60:.1f}" for k, v in data.get("wall_by_config", {}).items())
     out += ["", f"Wall time of the runs that produced this table: {data.get('wall_s', 0) / 60:.1f} min ({walls})."]

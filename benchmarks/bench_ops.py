@@ -43,7 +43,8 @@ LABELS = {
     "fpa_reference": "FPA reference (dense)", "fox_dense_sdpa": "FoX dense-mask SDPA",
 }
 MAX_T = {"fpa_chunked_torchops": 1024, "fox_chunked_torchops": 1024, "fpa_reference": 1024, "fox_dense_sdpa": 2048}
-TARGETS = [(2048, "fox_chunked", 1.1), (4096, "fox_chunked", 1.1), (2048, "sdpa_causal", 2.0), (4096, "sdpa_causal", 2.0)]
+TARGETS = [(2048, "fox_chunked", 1.1), (4096, "fox_chunked", 1.1),
+           (2048, "sdpa_causal", 2.0), (4096, "sdpa_causal", 2.0)]
 
 
 def make_inputs(T: int, seed: int = 0, requires_grad: bool = True) -> dict:
@@ -201,7 +202,8 @@ def main() -> None:
                 if rep > 0:
                     s[m].append(t)
         samples[T] = s
-        print(f"T={T}: " + ", ".join(f"{m} {statistics.median(v):.1f} ms" for m, v in s.items()), file=sys.stderr, flush=True)
+        print(f"T={T}: " + ", ".join(f"{m} {statistics.median(v):.1f} ms" for m, v in s.items()), file=sys.stderr,
+              flush=True)
         if not args.no_mem:
             for m in methods:
                 if m in ("fpa_chunked", "fox_chunked", "sdpa_causal", "fpa_reference"):

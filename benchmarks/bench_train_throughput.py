@@ -164,7 +164,8 @@ def main() -> None:
     head = ["# Training throughput, `tiny` preset (CPU)", "",
             f"torch {torch.__version__}, threads={torch.get_num_threads()}, {os.cpu_count()} CPUs, fp32. Load average "
             f"(1/5/15 min) at the start: {load0}; at the end: {load1}. All types and modes interleaved in one process "
-            "(ratios hold under load; absolute numbers do not). Produced by `python benchmarks/bench_train_throughput.py`.",
+            "(ratios hold under load; absolute numbers do not). Produced by `python "
+            "benchmarks/bench_train_throughput.py`.",
             ""]
     text = "\n".join(head + body)
     print(text)

@@ -1,8 +1,8 @@
-"""The one prepared GPU check (issue 15): correctness, speed and a training line, one command.
+"""The one prepared GPU check: correctness, speed and a training line, one command.
 
     python benchmarks/gpu_check.py                      # one GPU (H200: ~5 min); writes benchmarks/results/gpu-h200.md
     python benchmarks/gpu_check.py --model DIR          # also: tiles skipped on a trained model's fields
-    python benchmarks/gpu_check.py --dry-run --out X.md # CPU, tiny shapes, triton in its interpreter (the tests run this)
+    python benchmarks/gpu_check.py --dry-run --out X.md # CPU, tiny shapes, triton interpreted (the tests run this)
 
 (a) Correctness of the triton and flex backends, forward and every gradient, against the dense
     reference on the same device: odd T, GQA, Tq < Tk, a decoding step, T up to 4096; float32 and
@@ -89,13 +89,15 @@ def correctness(device: str, dry: bool, clock: Clock) -> tuple[list[str], dict[s
     if dry:
         cases = [("fpa", f32, 1, 2, 1, 9, 21, 16), ("fox", f32, 1, 2, 2, 17, 17, 16), ("fpa", b16, 1, 2, 1, 20, 20, 16)]
     else:  # kind, dtype, B, Hq, Hkv, Tq, Tk, D
-        cases = [("fpa", f32, 2, 4, 2, 77, 150, 64), ("fpa", b16, 2, 4, 2, 77, 150, 128), ("fpa", b16, 1, 2, 1, 129, 129, 128),
-                 ("fpa", f32, 1, 2, 1, 1, 333, 64), ("fox", f32, 1, 2, 2, 1000, 1000, 64), ("fox", b16, 2, 4, 2, 300, 517, 128),
+        cases = [("fpa", f32, 2, 4, 2, 77, 150, 64), ("fpa", b16, 2, 4, 2, 77, 150, 128),
+                 ("fpa", b16, 1, 2, 1, 129, 129, 128), ("fpa", f32, 1, 2, 1, 1, 333, 64),
+                 ("fox", f32, 1, 2, 2, 1000, 1000, 64), ("fox", b16, 2, 4, 2, 300, 517, 128),
                  ("fpa", b16, 1, 4, 2, 4096, 4096, 128), ("fox", b16, 1, 2, 2, 4096, 4096, 64)]
     lines = ["## (a) Correctness against the dense reference", "",
              "Relative RMS / max abs error of the output and of every gradient (worst over the inputs); "
              "tolerances: forward float32 2e-5 / 2e-4, bfloat16 2e-2 / 5e-2; gradients 4x / 20x those.", "",
-             "| backend | kind | dtype | B, Hq, Hkv, Tq, Tk, D | forward rms / max | worst gradient rms / max | verdict |",
+             "| backend | kind | dtype | B, Hq, Hkv, Tq, Tk, D | forward rms / max | worst gradient rms / max | "
+             "verdict |",
              "|---|---|---|---|---|---|---|"]
     verdict = {"triton": True, "flex": True}
     for i, (kind, dtype, B, Hq, Hkv, Tq, Tk, D) in enumerate(cases):
@@ -171,7 +173,8 @@ def _methods(H: int, D: int) -> dict:
             return F.scaled_dot_product_attention(x["q"], x["k"], x["v"], is_causal=True)
 
     return {"FPA triton": via_triton("walk", None), f"FPA triton, skip {SKIP_TOL:g}": via_triton("walk", SKIP_TOL),
-            "FoX via triton": via_triton("cum", None), f"FoX via triton, skip {SKIP_TOL:g}": via_triton("cum", SKIP_TOL),
+            "FoX via triton": via_triton("cum", None),
+            f"FoX via triton, skip {SKIP_TOL:g}": via_triton("cum", SKIP_TOL),
             "SDPA flash": sdpa}
 
 
@@ -372,7 +375,8 @@ def main(argv: list[str] | None = None) -> int:
             lines += model_skips(args.model, device, clock, 256 if args.dry_run else 4096)
         except Exception as e:  # noqa: BLE001
             lines += [f"Model tile skipping failed: {type(e).__name__}: {e}", ""]
-    lines += training(device, args.dry_run, clock, "chunked" if args.dry_run else ("triton" if verdict["triton"] else "chunked"))
+    lines += training(device, args.dry_run, clock,
+                      "chunked" if args.dry_run else ("triton" if verdict["triton"] else "chunked"))
     lines.append(f"Total {time.time() - clock.t0:.0f} s.")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(head + lines) + "\n")

@@ -27,10 +27,12 @@ def err_line(capsys) -> str:
 
 
 def test_help_is_fast_and_imports_nothing_heavy():
-    code = ("import sys, time; t = time.perf_counter(); from fpa.cli import main\n"
-            "try:\n    main(['--help'])\nexcept SystemExit as e:\n    assert e.code == 0\n"
-            "heavy = [m for m in ('torch', 'transformers', 'numpy', 'fpa.ops', 'fpa.train') if m in sys.modules]\n"
-            "print(time.perf_counter() - t, heavy)")
+    code = (
+        "import sys, time; t = time.perf_counter(); from fpa.cli import main\n"
+        "try:\n    main(['--help'])\nexcept SystemExit as e:\n    assert e.code == 0\n"
+        "heavy = [m for m in ('torch', 'transformers', 'numpy', 'fpa.ops', 'fpa.train') if m in sys.modules]\n"
+        "print(time.perf_counter() - t, heavy)"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     *_, last = r.stdout.strip().splitlines()
@@ -43,19 +45,28 @@ def test_help_is_fast_and_imports_nothing_heavy():
 
 def test_missing_extra_is_named():
     """A core install (no transformers): the command says which extra to install."""
-    code = ("import sys; sys.modules['transformers'] = None\n"
-            "from fpa.cli import main; sys.exit(main(['model-info']))")
+    code = "import sys; sys.modules['transformers'] = None\nfrom fpa.cli import main; sys.exit(main(['model-info']))"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert "pip install 'fpa[models]'" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
 FIXED_CHOICES = {  # (command, flag) -> a value that must be among its choices
-    ("train", "--device"): "cpu", ("train", "--attention"): "fox", ("train", "--fpa-mode"): "walk",
-    ("train", "--preset"): "tiny", ("train", "--precision"): "bf16", ("train", "--parallel"): "ddp",
-    ("train", "--tokenizer"): "bpe", ("train", "--mix-task"): "passkey", ("prepare-data", "--tokenizer"): "bpe",
-    ("eval", "--device"): "cuda", ("reproduce", "--preset"): "cpu", ("synth", "--recipe"): "legacy",
-    ("synth", "--preset"): "quick", ("model-info", "--preset"): "110m", ("model-info", "--attention"): "fox",
+    ("train", "--device"): "cpu",
+    ("train", "--attention"): "fox",
+    ("train", "--fpa-mode"): "walk",
+    ("train", "--preset"): "tiny",
+    ("train", "--precision"): "bf16",
+    ("train", "--parallel"): "ddp",
+    ("train", "--tokenizer"): "bpe",
+    ("train", "--mix-task"): "passkey",
+    ("prepare-data", "--tokenizer"): "bpe",
+    ("eval", "--device"): "cuda",
+    ("reproduce", "--preset"): "cpu",
+    ("synth", "--recipe"): "legacy",
+    ("synth", "--preset"): "quick",
+    ("model-info", "--preset"): "110m",
+    ("model-info", "--attention"): "fox",
     ("model-info", "--fpa-mode"): "walk",
 }
 
@@ -111,11 +122,16 @@ def test_failed_train_leaves_no_folder(tmp_path, capsys):
     assert not out.exists()
 
 
-@pytest.mark.parametrize("name, text, words", [
-    ("c.yaml", "out_dir: [unclosed", "not valid YAML"), ("c.json", "{out_dir", "not valid JSON"),
-    ("c.json", '{"out_dir": "o", "stepz": 3}', "unknown training config keys \\['stepz'\\]; valid keys"),
-    ("c.toml", "", "must end in .json, .yaml or .yml"), ("missing.json", None, "does not exist"),
-])
+@pytest.mark.parametrize(
+    "name, text, words",
+    [
+        ("c.yaml", "out_dir: [unclosed", "not valid YAML"),
+        ("c.json", "{out_dir", "not valid JSON"),
+        ("c.json", '{"out_dir": "o", "stepz": 3}', "unknown training config keys \\['stepz'\\]; valid keys"),
+        ("c.toml", "", "must end in .json, .yaml or .yml"),
+        ("missing.json", None, "does not exist"),
+    ],
+)
 def test_bad_config_files(tmp_path, capsys, name, text, words):
     import re
 
@@ -128,8 +144,11 @@ def test_bad_config_files(tmp_path, capsys, name, text, words):
 def test_out_dir_naming_a_file(tmp_path, capsys):
     f = tmp_path / "afile"
     f.write_text("x")
-    for argv in (["train", "--out-dir", str(f)], ["prepare-data", "stdlib", "--out-dir", str(f)],
-                 ["synth", "--preset", "quick", "--out", str(f)]):
+    for argv in (
+        ["train", "--out-dir", str(f)],
+        ["prepare-data", "stdlib", "--out-dir", str(f)],
+        ["synth", "--preset", "quick", "--out", str(f)],
+    ):
         assert main(argv) == 2
         assert "is a file" in err_line(capsys)
     assert f.read_text() == "x"
@@ -137,8 +156,26 @@ def test_out_dir_naming_a_file(tmp_path, capsys):
 
 def test_synth_negative_construct_n(tmp_path, capsys):
     out = tmp_path / "s"
-    assert main(["synth", "--task", "stack", "--dims", "1", "--ms", "1", "--seeds", "0", "--construct-n", "-3",
-                 "--out", str(out)]) == 2
+    assert (
+        main(
+            [
+                "synth",
+                "--task",
+                "stack",
+                "--dims",
+                "1",
+                "--ms",
+                "1",
+                "--seeds",
+                "0",
+                "--construct-n",
+                "-3",
+                "--out",
+                str(out),
+            ]
+        )
+        == 2
+    )
     assert "--construct-n must be >= 0" in err_line(capsys)
     assert not out.exists()
 
@@ -169,8 +206,9 @@ def model_dir(tmp_path_factory) -> Path:
     from fpa.models import FPAConfig, FPAForCausalLM
 
     d = tmp_path_factory.mktemp("m") / "model"
-    cfg = FPAConfig.from_preset("tiny", hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                                num_key_value_heads=2, intermediate_size=32)
+    cfg = FPAConfig.from_preset(
+        "tiny", hidden_size=16, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2, intermediate_size=32
+    )
     FPAForCausalLM(cfg).save_pretrained(d)
     ByteTokenizer().save(d)
     return d
@@ -198,8 +236,14 @@ def test_eval_bad_model_folders(model_dir, tmp_path, capsys):
     (shape / "config.json").write_text(json.dumps({**c, "intermediate_size": 48}))
     noweights = _copy(model_dir, tmp_path / "noweights")
     (noweights / "model.safetensors").unlink()
-    cases = [(trunc, "truncated or corrupt"), (badcfg, "config.json is corrupt"), (badval, "rms_norm_eps must be > 0"),
-             (shape, "do not match config.json"), (noweights, "holds no weights"), (tmp_path, "saved model folder")]
+    cases = [
+        (trunc, "truncated or corrupt"),
+        (badcfg, "config.json is corrupt"),
+        (badval, "rms_norm_eps must be > 0"),
+        (shape, "do not match config.json"),
+        (noweights, "holds no weights"),
+        (tmp_path, "saved model folder"),
+    ]
     for d, words in cases:
         assert main(base + ["--model", str(d)]) == 2, d
         assert words in err_line(capsys), d
@@ -209,7 +253,9 @@ def test_eval_bad_model_folders(model_dir, tmp_path, capsys):
 def test_eval_unwritable_out_found_before_work(model_dir, tmp_path, capsys, monkeypatch):
     import fpa.eval.cli as ecli
 
-    monkeypatch.setattr(ecli, "check_model_folder", lambda *a: pytest.fail("the model was read before --out was checked"))
+    monkeypatch.setattr(
+        ecli, "check_model_folder", lambda *a: pytest.fail("the model was read before --out was checked")
+    )
     (tmp_path / "afile").write_text("x")
     for bad, words in ((tmp_path / "afile" / "r.json", "is a file"), (tmp_path, "must name a file")):
         assert main(["eval", "--model", str(model_dir), "--out", str(bad), "--train-len", "128"]) == 2
@@ -218,8 +264,13 @@ def test_eval_unwritable_out_found_before_work(model_dir, tmp_path, capsys, monk
 
 def test_eval_bad_flag_values(model_dir, tmp_path, capsys):
     base = ["eval", "--model", str(model_dir), "--out", str(tmp_path / "r.json"), "--train-len", "128"]
-    for extra, words in ((["--depths", "2"], "in [0, 1]"), (["--trials", "0"], ">= 1"), (["--what", "ppl"], "comma list"),
-                         (["--fractions", "0"], "(0, 1]"), (["--multiples", "x"], "comma list of ints")):
+    for extra, words in (
+        (["--depths", "2"], "in [0, 1]"),
+        (["--trials", "0"], ">= 1"),
+        (["--what", "ppl"], "comma list"),
+        (["--fractions", "0"], "(0, 1]"),
+        (["--multiples", "x"], "comma list of ints"),
+    ):
         assert main(base + extra) == 2
         assert words in err_line(capsys)
     assert main(base + ["--what", "passkey", "--train-len", "8"]) == 2
@@ -229,8 +280,24 @@ def test_eval_bad_flag_values(model_dir, tmp_path, capsys):
 
 def test_eval_runs_on_a_good_folder(model_dir, tmp_path, capsys):
     out = tmp_path / "r.json"
-    argv = ["eval", "--model", str(model_dir), "--out", str(out), "--train-len", "100", "--what", "passkey",
-            "--multiples", "1", "--depths", "0.5", "--trials", "1", "--no-progress"]
+    argv = [
+        "eval",
+        "--model",
+        str(model_dir),
+        "--out",
+        str(out),
+        "--train-len",
+        "100",
+        "--what",
+        "passkey",
+        "--multiples",
+        "1",
+        "--depths",
+        "0.5",
+        "--trials",
+        "1",
+        "--no-progress",
+    ]
     assert main(argv) == 0
     assert "passkey" in json.loads(out.read_text())
 
@@ -239,8 +306,29 @@ def test_console_script_exit_code(tmp_path):
     """The installed entry point: exit 2 and one stderr line, no traceback."""
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
     t = time.perf_counter()
-    r = subprocess.run([sys.executable, "-m", "fpa.cli", "synth", "--construct-n", "-3", "--task", "stack",
-                        "--dims", "1", "--ms", "1", "--seeds", "0", "--out", str(tmp_path / "o")],
-                       capture_output=True, text=True, env=env, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fpa.cli",
+            "synth",
+            "--construct-n",
+            "-3",
+            "--task",
+            "stack",
+            "--dims",
+            "1",
+            "--ms",
+            "1",
+            "--seeds",
+            "0",
+            "--out",
+            str(tmp_path / "o"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
     assert time.perf_counter() - t < 60

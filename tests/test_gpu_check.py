@@ -18,17 +18,40 @@ def test_gpu_check_dry_run(tmp_path):
     from fpa.models import FPAConfig, FPAForCausalLM
 
     model_dir = tmp_path / "model"
-    FPAForCausalLM(FPAConfig.from_preset("tiny", attention="fpa", fpa_mode="walk", num_hidden_layers=1)).save_pretrained(model_dir)
+    FPAForCausalLM(
+        FPAConfig.from_preset("tiny", attention="fpa", fpa_mode="walk", num_hidden_layers=1)
+    ).save_pretrained(model_dir)
     out = tmp_path / "dry.md"
     record = tmp_path / "record.json"
     env = dict(os.environ, FPA_GPU_CHECK_RECORD=str(record))
-    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--dry-run", "--out", str(out),
-                        "--model", str(model_dir)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "gpu_check.py"),
+            "--dry-run",
+            "--out",
+            str(out),
+            "--model",
+            str(model_dir),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, f"{r.stdout[-4000:]}\n{r.stderr[-4000:]}"
     text = out.read_text()
-    for part in ("## (a) Correctness", "Verdict: triton **PASS**, flex **PASS**", "## (b) Forward + backward time",
-                 "| FoX via triton |", "Off-diagonal tile pairs skipped", "Trained model", "## (c) Training throughput",
-                 "| fpa-walk |"):
+    for part in (
+        "## (a) Correctness",
+        "Verdict: triton **PASS**, flex **PASS**",
+        "## (b) Forward + backward time",
+        "| FoX via triton |",
+        "Off-diagonal tile pairs skipped",
+        "Trained model",
+        "## (c) Training throughput",
+        "| fpa-walk |",
+    ):
         assert part in text, f"missing {part!r} in:\n{text}"
     assert "FAIL" not in text and "failed" not in text
     assert not record.exists(), "a dry run must not record a GPU verdict"

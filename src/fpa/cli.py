@@ -24,17 +24,36 @@ from pathlib import Path
 # command: (module with add_parser, one-line help, extras it needs), in the order --help shows them
 COMMANDS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "model-info": ("fpa.models.cli", "parameter count and layout of a preset", ("models",)),
-    "synth": ("fpa.experiments.synth_cli", "nested-structure tasks: capacity experiment and constructive check", ("train",)),
+    "synth": (
+        "fpa.experiments.synth_cli",
+        "nested-structure tasks: capacity experiment and constructive check",
+        ("train",),
+    ),
     "train": ("fpa.train.cli", "train a language model (one process, or torchrun for DDP/FSDP2)", ("models", "train")),
     "prepare-data": ("fpa.train.cli", "tokenize a corpus into memory-mapped token shards", ("train",)),
-    "eval": ("fpa.eval.cli", "evaluate a trained model: per-position loss, passkey grid, cache policies",
-             ("models", "train")),
-    "reproduce": ("fpa.experiments.reproduce_cli", "train the five methods, run every evaluation, write the report", ("models", "train")),
+    "eval": (
+        "fpa.eval.cli",
+        "evaluate a trained model: per-position loss, passkey grid, cache policies",
+        ("models", "train"),
+    ),
+    "reproduce": (
+        "fpa.experiments.reproduce_cli",
+        "train the five methods, run every evaluation, write the report",
+        ("models", "train"),
+    ),
 }
 
 # top-level module of an optional dependency -> the extra of pyproject.toml that provides it
-EXTRA_OF = {"transformers": "models", "safetensors": "models", "tokenizers": "train", "tqdm": "train",
-            "matplotlib": "train", "triton": "triton", "datasets": "hf", "yaml": "train"}
+EXTRA_OF = {
+    "transformers": "models",
+    "safetensors": "models",
+    "tokenizers": "train",
+    "tqdm": "train",
+    "matplotlib": "train",
+    "triton": "triton",
+    "datasets": "hf",
+    "yaml": "train",
+}
 
 
 class UsageError(Exception):
@@ -88,8 +107,11 @@ def _probe(p: Path, flag: str) -> None:
 
 
 def _top_parser() -> Parser:
-    p = Parser(prog="fpa", description="First Passage Attention: models, experiments, evaluations. "
-                                       "`fpa COMMAND --help` lists a command's options.")
+    p = Parser(
+        prog="fpa",
+        description="First Passage Attention: models, experiments, evaluations. "
+        "`fpa COMMAND --help` lists a command's options.",
+    )
     return p
 
 
@@ -97,8 +119,9 @@ def build_parser(command: str | None = None) -> Parser:
     """The parser of ``command`` (importing its module), or, with None, the top-level one
     listing every command (importing nothing)."""
     p = _top_parser()
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND",
-                           parser_class=Parser, help="one of: " + ", ".join(COMMANDS))
+    sub = p.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=Parser, help="one of: " + ", ".join(COMMANDS)
+    )
     if command is None:
         for name, (_, help_, extras) in COMMANDS.items():
             sub.add_parser(name, help=f"{help_} [needs fpa[{','.join(extras)}]]")

@@ -31,7 +31,7 @@ def forgetful_layer(kind, seed=0, num_kv_heads=2, qk_norm=False, hidden=32, head
     else:
         mode, _, offset = kind.partition("-")
         layer = make_attention("fpa", hidden, heads, num_kv_heads, fpa_mode=mode, qk_norm=qk_norm,
-                               field_init_std=0.5, beta_init=1.0, level_offset=offset or False)
+                               field_init_std=0.5, beta_init=1.0, level_offset=offset or "none")
     if qk_norm:
         with torch.no_grad():
             layer.q_norm.weight.uniform_(0.5, 1.5)

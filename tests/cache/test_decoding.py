@@ -4,11 +4,10 @@ import math
 
 import pytest
 import torch
-
-from fpa.cache import H2O, TOVA, FPACache, FoXEviction, FPAEviction, SlidingWindow, StreamingLLM, generate, prefill
-from fpa.layers.attention import make_attention
-
 from cache_testing import TYPES, forgetful_layer, full_penalty, full_qkv, kept_positions, tiny_model
+
+from fpa.cache import H2O, TOVA, FoXEviction, FPACache, FPAEviction, SlidingWindow, StreamingLLM, generate, prefill
+from fpa.layers.attention import make_attention
 
 
 def _keep_all_policy(att):
@@ -173,7 +172,7 @@ def test_batch_rows_evict_differently_and_match_alone():
     held, seen = cache.held_and_seen()
     assert cache.kept_fraction() == pytest.approx(held / seen) == pytest.approx(cache.policy.kept_fraction)
     assert seen == 2 * 3 * 2 * 24  # layers * rows * KV heads * tokens
-    for lc in cache.layers:  # paged storage: bytes follow the kept keys (fpa.cache.storage)
+    for lc in cache.layers:  # paged storage: bytes follow the kept keys (fpa.ops.cached.storage)
         st = lc.store
         assert st.bytes_live() == int(lc.counts().sum()) * st.slot_bytes()
         assert st.bytes_held() <= 1.15 * st.bytes_live() + st.overhead_bound()

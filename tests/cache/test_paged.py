@@ -1,4 +1,4 @@
-"""Paged decoding (fpa.cache.paged over fpa.cache.storage) at the model level: exact without a
+"""Paged decoding (fpa.ops.cached.paged over fpa.ops.cached.storage) at the model level: exact without a
 policy, rows and heads evicting differently, the memory bound for every policy, bounded peak
 during a chunked prefill, no creep over long runs."""
 
@@ -6,12 +6,11 @@ import math
 
 import pytest
 import torch
-
-import fpa.cache.paged as paged
-from fpa.cache import H2O, TOVA, FPACache, FoXEviction, FPAEviction, SlidingWindow, StreamingLLM, prefill
-from fpa.cache.hybrid import RuleThenBudget
-
 from cache_testing import TYPES, tiny_model
+
+import fpa.ops.cached.paged as paged
+from fpa.cache import H2O, TOVA, FoXEviction, FPACache, FPAEviction, SlidingWindow, StreamingLLM, prefill
+from fpa.cache.hybrid import RuleThenBudget
 
 
 def _run(model, x, cache, chunks, check=None):
@@ -92,10 +91,10 @@ def test_every_policy_holds_within_the_bound(att, mode):
     m = _divergent(att, mode, seed=1)
     x = torch.randint(0, 37, (2, 540))
     for policy in _policies(att):
-        def check(cache):
+        def check(cache, name=policy.name):
             for lc in cache.layers:
                 st = lc.store
-                assert st.bytes_held() <= 1.15 * st.bytes_live() + st.overhead_bound(), policy.name
+                assert st.bytes_held() <= 1.15 * st.bytes_live() + st.overhead_bound(), name
 
         cache = FPACache(policy, block_size=4)
         _run(m, x, cache, [32] * 15 + [1] * 60, check)

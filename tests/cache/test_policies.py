@@ -4,10 +4,9 @@ import math
 
 import pytest
 import torch
-
-from fpa.cache import FPACache, FoXEviction, FPAEviction
-
 from cache_testing import forgetful_layer, full_penalty, full_qkv, kept_positions
+
+from fpa.cache import FoXEviction, FPACache, FPAEviction
 
 
 def _decode(layer, x, policy, chunks):
@@ -62,7 +61,7 @@ def test_every_eviction_met_the_rule_and_still_does(kind, num_kv_heads, capture_
     assert n_evicted > 0.2 * B * num_kv_heads * T, "the test layer must actually evict"
     assert len({len(s) for row in kept[-1][1] for s in row}) > 1, "heads must hold different numbers of keys"
     # outputs vs dense attention restricted to the kept keys of the previous step (+ the new ones)
-    prev, got = set(), torch.cat(outs, 1)  # (B, T, Hq*D)
+    got = torch.cat(outs, 1)  # (B, T, Hq*D)
     kept_before = [[set() for _ in range(num_kv_heads)] for _ in range(B)]
     a = 0
     for (t, per_row) in kept:

@@ -1,9 +1,9 @@
-"""The paged store (fpa.cache.storage): order and values through eviction and compaction, the
+"""The paged store (fpa.ops.cached.storage): order and values through eviction and compaction, the
 memory bound, block reuse over long runs."""
 
 import torch
 
-from fpa.cache.storage import PAD_BIG, PagedStore
+from fpa.ops.cached.storage import PAD_BIG, PagedStore
 
 
 def _fields(B, Hkv, groups, T, D=3, start=0):
@@ -93,7 +93,7 @@ def test_no_creep_over_a_long_run():
     torch.manual_seed(2)
     st = PagedStore(1, block_size=8)
     t, sizes = 0, []
-    for step in range(400):
+    for _ in range(400):
         n = int(torch.randint(1, 25, ()))
         st.append(**_fields(3, 2, 1, n, 4, start=t))
         t += n

@@ -6,8 +6,14 @@ import pytest
 import torch
 
 from fpa.cache import FPAEviction, SlidingWindow
-from fpa.experiments.agent_trace import (TokenOffsetWalk, constructed_offset_head, decode_trace, make_trace, summarise,
-                                  train_walk_head)
+from fpa.experiments.agent_trace import (
+    TokenOffsetWalk,
+    constructed_offset_head,
+    decode_trace,
+    make_trace,
+    summarise,
+    train_walk_head,
+)
 from fpa.tasks.nested import CallsTask
 
 

@@ -50,8 +50,17 @@ def test_presets_keep_tuning_and_reported_seeds_apart():
 
 def test_reported_smoke_writes_every_file_and_key(smoke_run):
     out, res, _ = smoke_run
-    for f in ("results.json", "report.md", "README-snippet.md", "passkey.png", "paired.png", "eviction.png",
-              "growth.png", "loss-curves.png", "answer-loss.png", "state.json"):
+    for f in (
+        "results.json",
+        "report.md",
+        "README-snippet.md",
+        "passkey.png",
+        "eviction.png",
+        "growth.png",
+        "loss-curves.png",
+        "answer-loss.png",
+        "state.json",
+    ):
         assert (out / f).is_file() and (out / f).stat().st_size > 0, f
     assert not list(out.rglob("*.tmp"))
     assert (out / ".gitignore").read_text().split() == ["data/", "models/"]
@@ -64,8 +73,12 @@ def test_reported_smoke_writes_every_file_and_key(smoke_run):
     assert all(s["commit"] == pv["commit"] for s in fw["seeds"] + fox["seeds"])
     an = r["analysis"]["fpa-walk vs fox"]
     assert an["loss"]["n"] == 2 and an["loss"]["ci95"][0] <= an["loss"]["mean_diff"] <= an["loss"]["ci95"][1]
-    assert an["loss"]["mean_diff"] == pytest.approx(fw["seeds"][0]["loss"] / 2 + fw["seeds"][1]["loss"] / 2
-                                                    - fox["seeds"][0]["loss"] / 2 - fox["seeds"][1]["loss"] / 2)
+    assert an["loss"]["mean_diff"] == pytest.approx(
+        fw["seeds"][0]["loss"] / 2
+        + fw["seeds"][1]["loss"] / 2
+        - fox["seeds"][0]["loss"] / 2
+        - fox["seeds"][1]["loss"] / 2
+    )
     for m in (fw, fox):
         ev = m["eviction"]
         assert ev["tau"] == get_preset("smoke").taus[m["base"]] and set(ev["by_multiple"]) == {"1", "2"}
@@ -76,7 +89,8 @@ def test_reported_smoke_writes_every_file_and_key(smoke_run):
     assert "eviction" not in r["methods"]["fpa-free"]  # context: no eviction tables
     assert r["tuning"]["seeds"] == [] and set(r["tuning"]["selected"]) == {"fpa-walk", "fox"}
     report = (out / "report.md").read_text()
-    assert "## Verdicts (paired seeds)" in report and "no difference detectable at n = 2" in report
+    assert "## Verdicts (paired seeds)" in report and "at n = 2 (mean fpa-walk - fox" in report
+    assert "1x control (>= 90% at the training length): fpa-walk passed on 0 of 2 seeds" in report
     assert "| fpa-free | context | 1 |" in report
 
 
@@ -94,7 +108,9 @@ def test_smoke_resumes_without_redoing_finished_stages(smoke_run):
     out, res, _ = smoke_run
     state = json.loads((out / "state.json").read_text())
     logs = []
-    assert reproduce(get_preset("smoke"), out, progress=False, log=logs.append)["methods"].keys() == res["methods"].keys()
+    assert (
+        reproduce(get_preset("smoke"), out, progress=False, log=logs.append)["methods"].keys() == res["methods"].keys()
+    )
     assert [m for m in logs if m.endswith("...")] == []
     state["done"].remove("passkey-fox-s6")
     (out / "state.json").write_text(json.dumps(state))
@@ -124,9 +140,32 @@ def test_another_preset_in_the_same_folder_is_refused(smoke_run):
 def test_fpa_eval_cli_on_a_trained_model(smoke_run, tmp_path, capsys):
     out = smoke_run[0]
     dst = tmp_path / "eval.json"
-    rc = main(["eval", "--model", str(out / "models" / "fpa-walk-s5" / "model"), "--out", str(dst),
-               "--multiples", "1,2", "--depths", "0,1", "--trials", "2", "--fractions", "0.5", "--thresholds", "4,8",
-               "--loss-multiple", "2", "--loss-windows", "2", "--chunk-size", "64", "--no-progress"])
+    rc = main(
+        [
+            "eval",
+            "--model",
+            str(out / "models" / "fpa-walk-s5" / "model"),
+            "--out",
+            str(dst),
+            "--multiples",
+            "1,2",
+            "--depths",
+            "0,1",
+            "--trials",
+            "2",
+            "--fractions",
+            "0.5",
+            "--thresholds",
+            "4,8",
+            "--loss-multiple",
+            "2",
+            "--loss-windows",
+            "2",
+            "--chunk-size",
+            "64",
+            "--no-progress",
+        ]
+    )
     assert rc == 0
     r = json.loads(dst.read_text())
     assert r["train_len"] == 128 and len(r["loss"]["curve"]) == 256

@@ -2,6 +2,7 @@ import pytest
 import torch
 
 from fpa.layers import ATTENTION_TYPES, FirstPassageAttention, TransformerBlock, make_attention
+from fpa.ops.cached import LayerState
 
 KW = [("fpa", {"fpa_mode": "free"}), ("fpa", {"fpa_mode": "walk"}), ("fox", {}),
       ("softmax_rope", {}), ("softmax_alibi", {}), ("softmax_nope", {})]
@@ -19,6 +20,20 @@ def test_causal_and_cache(att, kw):
     state = {}
     parts = [m(x[:, :4], state), m(x[:, 4:5], state), m(x[:, 5:], state)]
     assert torch.allclose(torch.cat(parts, 1), y, atol=1e-8)
+    assert type(state["layer"]) is LayerState and state["layer"].length == 9  # a dict keeps the ops-level state
+
+
+def test_the_cache_layer_is_the_state_the_layers_call():
+    """fpa.cache.LayerCache (a transformers cache layer) is a fpa.ops.cached.LayerState, the
+    interface the layers call; the layers themselves import nothing from fpa.cache."""
+    from fpa.cache import LayerCache, LayerInfo
+    from fpa.ops.cached import LayerInfo as OpsLayerInfo
+
+    assert issubclass(LayerCache, LayerState) and LayerInfo is OpsLayerInfo
+    m = make_attention("fpa", 16, 2, fpa_mode="walk")
+    lc = LayerCache()
+    m(torch.randn(1, 3, 16), lc)
+    assert lc.get_seq_length() == 3 and lc.is_initialized and lc.info.kind == "fpa"
 
 
 def test_block_and_errors():
@@ -34,7 +49,7 @@ def test_block_and_errors():
 
 
 def test_beta_grad():
-    m = FirstPassageAttention(16, 2, mode="walk", level_offset=True)
+    m = FirstPassageAttention(16, 2, mode="walk", level_offset="head")
     m(torch.randn(1, 6, 16)).sum().backward()
     assert m.beta_param.grad is not None and m.increment_proj.weight.grad is not None
 

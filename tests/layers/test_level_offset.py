@@ -90,7 +90,7 @@ def test_initial_offset_is_small_and_trains_with_the_field_heads():
     assert mult[id(lin.weight)] == mult[id(lin.bias)] == 0.1 and mult[id(layer.q_proj.weight)] == 1.0
 
 
-@pytest.mark.parametrize("level_offset", [True, "head"])
+@pytest.mark.parametrize("level_offset", ["auto", "head"])
 def test_head_offset_is_one_constant_per_head(level_offset):
     torch.manual_seed(0)
     layer = FirstPassageAttention(16, 2, mode="walk", level_offset=level_offset)
@@ -118,13 +118,13 @@ def test_floor_keys_are_evicted_only_with_a_token_offset():
     each has penalty 0 for good and FPA's rule holds all of them; with a token offset of 2.1
     every key but the newest dips by 2.1 > tau and is evicted. The cache stores the offset levels."""
     held = {}
-    for level_offset in (False, "token"):
+    for level_offset in ("none", "token"):
         torch.manual_seed(0)
         layer = FirstPassageAttention(8, 1, mode="walk", level_offset=level_offset, level_offset_bias_init=2.0).eval()
         with torch.no_grad():
             layer.increment_proj.weight.zero_()
             layer.increment_proj.bias.zero_()
-            if level_offset:
+            if level_offset == "token":
                 layer.level_offset_proj.weight.zero_()  # offset softplus(2) = 2.13 for every token
         layer.set_beta_(1.0)
         cache = FPACache(FPAEviction(1.0))
@@ -134,21 +134,36 @@ def test_floor_keys_are_evicted_only_with_a_token_offset():
                 layer(x[:, a:a + 3], cache.layer(0))
                 cache.step_done()
         held[level_offset] = int(cache.layer(0).counts().sum())
-    assert held == {False: 12, "token": 1}
+    assert held == {"none": 12, "token": 1}
 
 
 @pytest.mark.parametrize("kw,words", [
-    (dict(mode="walk", level_offset="bogus"), r"level_offset must be 'auto' or one of \(False, True, 'head', 'token'\).*'bogus'"),
+    (dict(mode="walk", level_offset="bogus"),
+     r"level_offset must be 'auto' or one of \('none', 'head', 'token'\).*'bogus'"),
     (dict(mode="walk", level_offset=1), r"level_offset must be .auto. or one of .* got 1"),
     (dict(mode="walk", level_offset=None), r"level_offset must be .auto. or one of .* got None"),
+    (dict(mode="walk", level_offset=True),
+     r"level_offset must be .* got True: use 'none' \(was False\) or 'head' \(was True\)"),
+    (dict(mode="walk", level_offset=False), r"level_offset must be .* got False: use 'none' .* or 'head'"),
     (dict(mode="free", level_offset="token"), r"level_offset='token' needs mode='walk'.*got mode='free'"),
-    (dict(mode="free", level_offset=True), r"level_offset=True needs mode='walk'"),
+    (dict(mode="free", level_offset="head"), r"level_offset='head' needs mode='walk'"),
     (dict(mode="walk", level_offset="token", level_offset_bias_init=math.nan),
      "level_offset_bias_init must be a finite number, got nan"),
     (dict(mode="walk", level_offset="token", level_offset_bias_init="-4"), "level_offset_bias_init must be a finite"),
-    (dict(mode="walk", level_offset="head", level_offset_init=math.inf), "level_offset_init must be a finite number, got inf"),
-    (dict(mode="walk", level_offset="head", level_offset_init=True), "level_offset_init must be a finite number, got True"),
+    (dict(mode="walk", level_offset="head", level_offset_init=math.inf),
+     "level_offset_init must be a finite number, got inf"),
+    (dict(mode="walk", level_offset="head", level_offset_init=True),
+     "level_offset_init must be a finite number, got True"),
 ])
 def test_bad_arguments_are_named(kw, words):
     with pytest.raises(ValueError, match=words):
         FirstPassageAttention(16, 2, **kw)
+
+
+def test_level_offset_is_one_typed_choice():
+    """"auto" is "head" in walk mode and no offset in free mode; "none" is accepted in both."""
+    assert FirstPassageAttention(16, 2, mode="walk").level_offset_kind == "head"
+    assert FirstPassageAttention(16, 2, mode="free").level_offset_kind is None
+    for mode in ("free", "walk"):
+        layer = FirstPassageAttention(16, 2, mode=mode, level_offset="none")
+        assert layer.level_offset_kind is None and layer.level_offset is None and layer.level_offset_proj is None

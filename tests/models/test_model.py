@@ -52,7 +52,7 @@ def test_cache_reexport_and_type_check():
 
 @pytest.mark.parametrize("att,mode", TYPES)
 def test_save_load(tmp_path, att, mode):
-    m = tiny(att, mode, output_gate=True, fpa_level_offset=True)
+    m = tiny(att, mode, output_gate=True, **({"fpa_level_offset": "head"} if (att, mode) == ("fpa", "walk") else {}))
     x = torch.randint(0, 37, (1, 6))
     m.save_pretrained(tmp_path)
     assert AutoConfig.from_pretrained(tmp_path).attention == att
@@ -97,23 +97,62 @@ def test_save_load_keeps_a_token_level_offset(tmp_path):
 
 
 def test_config_json_without_the_level_offset_keys_loads_the_same_model(tmp_path):
-    """A config.json saved before "token" and fpa_level_offset_bias_init existed (bool offset)."""
+    """A config.json saved before "token", fpa_level_offset_bias_init and fpa_parametrisation
+    existed (a bool offset: false = "none", true = "head")."""
     import json
 
     x = torch.randint(0, 37, (1, 9))
-    for offset in (False, True):
+    for offset, saved in (("none", False), ("head", True)):
         m = tiny("fpa", "walk", fpa_level_offset=offset)
-        m.save_pretrained(tmp_path / str(offset))
-        path = tmp_path / str(offset) / "config.json"
+        m.save_pretrained(tmp_path / offset)
+        path = tmp_path / offset / "config.json"
         d = json.loads(path.read_text())
         d.pop("fpa_level_offset_bias_init")
-        path.write_text(json.dumps(d))
-        m2 = AutoModelForCausalLM.from_pretrained(tmp_path / str(offset)).eval()
-        assert m2.config.fpa_level_offset is offset
+        d.pop("fpa_parametrisation")
+        path.write_text(json.dumps({**d, "fpa_level_offset": saved}))
+        m2 = AutoModelForCausalLM.from_pretrained(tmp_path / offset).eval()
+        assert m2.config.fpa_level_offset == offset and m2.config.fpa_parametrisation == 1
         attn = m2.model.layers[0].attn
-        assert attn.level_offset_proj is None and (attn.level_offset is not None) == offset
+        assert attn.level_offset_proj is None and (attn.level_offset is not None) == saved
         with torch.no_grad():
             assert torch.equal(m(x).logits, m2(x).logits)
+
+
+def test_decode_steps_read_no_values_off_the_cpu():
+    """On a decode step (the cache holds tokens) neither the id check nor the mask reads a value
+    from a tensor off the CPU (each read would be a host sync): tensors on the "meta" device, whose
+    values cannot be read, pass through. The first call of a sequence still checks (CPU here)."""
+    from fpa.models.modeling_fpa import _new_token_mask
+
+    m = tiny("fpa", "walk")
+    ids, mask = torch.zeros(2, 1, dtype=torch.long, device="meta"), torch.ones(2, 5, device="meta")
+    m.model._check_input_ids(ids)
+    m.model._check_id_values(ids, continuing=True)
+    assert _new_token_mask(mask, 2, 1, 4, "meta").shape == (2, 1)
+    assert _new_token_mask(torch.ones(2, 3), 2, 3, 0, "cpu") is None  # first call: the unmasked fast path
+    with pytest.raises(ValueError, match=r"input_ids must lie in \[0, vocab_size=37\), got values in \[0, 40\]"):
+        m(torch.tensor([[0, 40]]))
+    cache = FPACache()
+    with torch.no_grad():
+        m(torch.tensor([[1, 2]]), past_key_values=cache, use_cache=True)
+        with pytest.raises(ValueError, match="input_ids must lie in"):  # on the CPU a decode step checks too
+            m(torch.tensor([[37]]), past_key_values=cache, use_cache=True)
+
+
+def test_decode_with_an_all_ones_mask_equals_no_mask():
+    """Continuation calls keep an all-ones mask (no value read): the same logits as without it."""
+    for att, mode in TYPES:
+        m = tiny(att, mode)
+        x = torch.randint(0, 37, (2, 7))
+        outs = []
+        for mask in (None, torch.ones(2, 7, dtype=torch.long)):
+            cache, parts = FPACache(), []
+            with torch.no_grad():
+                for a, b in ((0, 4), (4, 5), (5, 7)):
+                    kw = {} if mask is None else {"attention_mask": mask[:, :b]}
+                    parts.append(m(x[:, a:b], past_key_values=cache, use_cache=True, **kw).logits)
+            outs.append(torch.cat(parts, 1))
+        torch.testing.assert_close(outs[0], outs[1], atol=0, rtol=0)
 
 
 def test_loss():

@@ -25,7 +25,7 @@ IDS = ("valid", "valid", "valid", "1d", "oov", "negative", "float", "empty-batch
 EMBEDS = (None, None, "normal", "huge", "nan", "inf")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def model(attention: str, mode: str) -> FPAForCausalLM:
     torch.manual_seed(0)
     cfg = FPAConfig(vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=1, num_attention_heads=2,
@@ -66,7 +66,7 @@ def check(c: dict) -> None:
         return
     if c["embeds"] in ("nan", "inf"):
         return  # non-finite inputs_embeds: the layers skip the value checks (check_inputs=False), so
-        # NaN in gives NaN out; allowed by the contract (it speaks of finite input), noted for issue 13
+        # NaN in gives NaN out; allowed by the contract (it speaks of finite input)
     assert finite, f"invalid input accepted: {c}"
     x = kw.get("input_ids", kw.get("inputs_embeds"))
     assert logits.shape == (x.shape[0], x.shape[1], VOCAB)

@@ -17,7 +17,7 @@ query row r is position i = Tk - Tq + r; head h reads key/value head h // (Hq //
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

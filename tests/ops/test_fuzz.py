@@ -54,7 +54,8 @@ def fpa_case(draw):
                  D=draw(st.integers(0, 4)), Dv=draw(st.integers(0, 3)))
     kinds = {n: draw(st.sampled_from(SPECIAL)) for n in ("q", "k", "v", "field", "level")}
     # (no st.floats: hypothesis's float drawing asserts on a process with flush-to-zero set)
-    beta = draw(st.one_of(st.integers(-100, 400).map(lambda i: i / 100), st.sampled_from([0.0, float("nan"), float("inf")]),
+    beta = draw(st.one_of(st.integers(-100, 400).map(lambda i: i / 100),
+                          st.sampled_from([0.0, float("nan"), float("inf")]),
                           st.just("tensor"), st.just("bad-tensor")))
     return dict(shape=shape, kinds=kinds, beta=beta, dtype=draw(st.sampled_from(DTYPES)),
                 backend=draw(st.sampled_from(("reference", "chunked", "auto", "flex"))),
@@ -72,7 +73,8 @@ def check_fpa_case(c: dict) -> None:
     B, Hq, Hkv, Tk, Tq, D, Dv = (s[n] for n in ("B", "Hq", "Hkv", "Tk", "Tq", "D", "Dv"))
     x = {"q": _tensor((B, Hq, Tq, D), c["kinds"]["q"], dt, g), "k": _tensor((B, Hkv, Tk, D), c["kinds"]["k"], dt, g),
          "v": _tensor((B, Hkv, Tk, Dv), c["kinds"]["v"], dt, g),
-         "field": _tensor((B, Hq, Tk), c["kinds"]["field"], dt, g), "level": _tensor((B, Hq, Tk), c["kinds"]["level"], dt, g)}
+         "field": _tensor((B, Hq, Tk), c["kinds"]["field"], dt, g),
+         "level": _tensor((B, Hq, Tk), c["kinds"]["level"], dt, g)}
     beta = c["beta"]
     if beta == "tensor":
         beta = torch.rand(Hq, generator=g, dtype=torch.float64).to(dt if dt != torch.float16 else torch.float32)

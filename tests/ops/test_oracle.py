@@ -21,7 +21,6 @@ import sys
 
 import pytest
 import torch
-
 from fpa_oracle import chunked_rule, fox_oracle, fpa_oracle, latest
 
 from fpa import first_passage_attention, forgetting_attention
@@ -144,7 +143,8 @@ def test_cache_form_matches_oracle():
                                       past_min=p, backend=backend)
         g = dict(zip(("q", "k", "v", "field", "level", "beta", "past_min"),
                      torch.autograd.grad((out * w).sum(), [xs["q"], xs["k"], xs["v"], fq, xs["level"], xs["beta"], p])))
-        check({"out": out.detach(), **{n: g[n] for n in ("q", "k", "v", "level", "beta")}}, want, f"{backend} cache form")
+        check({"out": out.detach(), **{n: g[n] for n in ("q", "k", "v", "level", "beta")}}, want,
+              f"{backend} cache form")
         check({"field": g["field"]}, {"field": want["field"][..., P:]}, f"{backend} cache form")
         # the past keys' field gradient arrives through past_min: totals per row agree
         assert (g["past_min"].sum(-1) - want["field"][..., :P].sum(-1)).abs().max() < GRAD_TOL
@@ -174,8 +174,7 @@ def test_fox_as_fpa_gradient_where_gate_is_one():
     """Where log f == 0 exactly, dips are exactly 0 and FPA's relu-at-0 convention gives the
     oracle's FPA gradient, which differs from FoX's (documented in first_passage_attention)."""
     g = torch.Generator().manual_seed(5)
-    q, k = torch.randn(1, 1, 4, 2, generator=g, dtype=torch.float64), torch.randn(1, 1, 4, 2, generator=g, dtype=torch.float64)
-    v, w = torch.randn(1, 1, 4, 2, generator=g, dtype=torch.float64), torch.randn(1, 1, 4, 2, generator=g, dtype=torch.float64)
+    q, k, v, w = (torch.randn(1, 1, 4, 2, generator=g, dtype=torch.float64) for _ in range(4))
     lf = torch.tensor([[[-0.5, 0.0, 0.0, -1.0]]], dtype=torch.float64, requires_grad=True)
     field, level = fox_as_fpa(lf)
     out = first_passage_attention(q, k, v, field, level, beta=1.0)

@@ -257,14 +257,16 @@ def test_skipping_error_bound_and_exact_masked_gradients(tol, drop, qk_scale):
 def test_skipping_counts_tiles_and_off_by_default():
     xs = {n: x.detach() for n, x in _deep_dip_inputs().items()}
     P = xs["k"].shape[2] - xs["q"].shape[2]
-    args = (xs["q"], xs["k"], xs["v"], xs["field"][..., P:], xs["level"], past_min_from_field(xs["field"][..., :P]), xs["beta"], 8**-0.5)
+    args = (xs["q"], xs["k"], xs["v"], xs["field"][..., P:], xs["level"], past_min_from_field(xs["field"][..., :P]),
+            xs["beta"], 8**-0.5)
     out_on, n_on = fpa_triton_mod.skipped_tiles(*args, skip_tolerance=1e-3)
     out_off, n_off = fpa_triton_mod.skipped_tiles(*args, skip_tolerance=None)
     _, expected = _skipped_pairs(xs, 1e-3, 16)
     assert int(n_off.sum()) == 0
     assert int(n_on.sum()) == expected > 0
     with torch.no_grad():
-        exact = first_passage_attention(xs["q"], xs["k"], xs["v"], xs["field"], xs["level"], beta=xs["beta"], backend="triton")
+        exact = first_passage_attention(xs["q"], xs["k"], xs["v"], xs["field"], xs["level"], beta=xs["beta"],
+                                        backend="triton")
     assert torch.equal(out_off, exact)
     assert (out_on - out_off).abs().max() <= 2 * 1e-3 * xs["v"].abs().max()
 
@@ -290,7 +292,8 @@ def test_other_backends_ignore_skip_tolerance():
 def test_bad_block():
     xs = {n: x.detach() for n, x in _cache_form_inputs().items()}
     with pytest.raises(ValueError, match="block"):
-        fpa_triton_mod.fpa_triton(xs["q"], xs["k"], xs["v"], xs["field"], xs["level"], xs["past_min"], xs["beta"], 1.0, block=24)
+        fpa_triton_mod.fpa_triton(xs["q"], xs["k"], xs["v"], xs["field"], xs["level"], xs["past_min"], xs["beta"], 1.0,
+                                  block=24)
 
 
 def test_cpu_refused_without_interpreter(monkeypatch):
@@ -311,5 +314,6 @@ def test_bench_gpu_fails_clearly_without_cuda(monkeypatch):
 
 
 if not IN_INTERPRETER:  # only the subprocess runner (and the slow compile check) is collected here
-    for _name in [n for n in globals() if n.startswith("test_") and n not in ("test_interpreter_suite", "test_compiles_for_sm90")]:
+    _keep = ("test_interpreter_suite", "test_compiles_for_sm90")
+    for _name in [n for n in globals() if n.startswith("test_") and n not in _keep]:
         del globals()[_name]

@@ -108,8 +108,12 @@ def test_fpa_parametrisation_records_the_library_defaults_and_overrides():
     from fpa.tasks.packed import fpa_parametrisation
 
     walk = fpa_parametrisation("fpa_walk")
-    assert walk["level_offset"] == "head" and walk["level_offset_init"] == 1.0 and walk["walk_increment"] == "tanh"
-    assert fpa_parametrisation("fpa_walk", {"level_offset": False})["level_offset"] is None
-    assert fpa_parametrisation("fpa_free")["mode"] == "free"
+    assert (walk["fpa_level_offset"], walk["fpa_level_offset_init"]) == ("head", 1.0)
+    assert walk["fpa_walk_increment"] == "tanh"
+    assert fpa_parametrisation("fpa_walk", {"fpa_level_offset": "none"})["fpa_level_offset"] == "none"
+    assert fpa_parametrisation("fpa_free")["fpa_mode"] == "free"
+    assert fpa_parametrisation("fpa_free")["fpa_level_offset"] == "none"
+    with pytest.raises(ValueError, match="did you mean 'fpa_level_offset'"):
+        fpa_parametrisation("fpa_walk", {"level_offset": "none"})  # the layer's name: not a config name
     with pytest.raises(ValueError, match="no FPA layer"):
         fpa_parametrisation("fox")

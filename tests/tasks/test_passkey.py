@@ -3,8 +3,17 @@ import pytest
 
 from fpa.data import ByteTokenizer
 from fpa.tasks import get_mixer
-from fpa.tasks.passkey import (FILLER, NEEDLE, QUESTION, generated_digits, is_correct, make_prompt,
-                               max_answer_tokens, min_prompt_length, passkey_training_sample)
+from fpa.tasks.passkey import (
+    FILLER,
+    NEEDLE,
+    QUESTION,
+    generated_digits,
+    is_correct,
+    make_prompt,
+    max_answer_tokens,
+    min_prompt_length,
+    passkey_training_sample,
+)
 
 TOK = ByteTokenizer()
 LONGEST_SENTENCE = max(len(s) + 2 for s in FILLER.split(". "))

@@ -1,11 +1,11 @@
 """``fpa synth``: a tiny run writes its files; bad arguments give clear errors."""
 
-import json
 import re
 
 import pytest
 
 from fpa.cli import main
+from fpa.experiments.synth_report import read_results
 
 
 def test_tiny_run_writes_files(tmp_path):
@@ -14,7 +14,7 @@ def test_tiny_run_writes_files(tmp_path):
                "--ms", "2", "--seeds", "0,1", "--steps", "3", "--construct-n", "5", "--no-progress",
                "--out", str(out)])
     assert rc == 0
-    data = json.loads((out / "results.json").read_text())
+    data = read_results(out)
     recs = data["records"]
     assert len(recs) == 2 * 2 * 2 * 2
     for r in recs:
@@ -41,9 +41,13 @@ def test_tiny_run_writes_files(tmp_path):
     (["--seeds", "-1"], "--seeds must be comma-separated integers or ranges"),
     (["--fpa-kwargs", "{}"], "--fpa-kwargs needs an FPA method"),
     (["--methods", "fpa_walk", "--fpa-kwargs", "[1]"], "--fpa-kwargs must be a JSON object"),
-    (["--methods", "fpa_walk", "--fpa-kwargs", "{level_offset: 1}"], "--fpa-kwargs must be a JSON object"),
-    (["--methods", "fpa_walk", "--fpa-kwargs", '{"level_ofset": 1}'], "--fpa-kwargs: .*level_ofset"),
-    (["--methods", "fpa_walk", "--fpa-kwargs", '{"level_offset_init": "x"}'], "level_offset_init must be a finite"),
+    (["--methods", "fpa_walk", "--fpa-kwargs", "{fpa_level_offset: 1}"], "--fpa-kwargs must be a JSON object"),
+    (["--methods", "fpa_walk", "--fpa-kwargs", '{"fpa_level_ofset": 1}'], "--fpa-kwargs: .*fpa_level_ofset"),
+    (["--methods", "fpa_walk", "--fpa-kwargs", '{"level_offset_init": 2.0}'],
+     "--fpa-kwargs: unknown FPA arguments .*did you mean 'fpa_level_offset_init'"),  # the layer's name
+    (["--methods", "fpa_walk", "--fpa-kwargs", '{"fpa_level_offset_init": "x"}'], "level_offset_init must be a finite"),
+    (["--methods", "fpa_walk", "--fpa-kwargs", '{"fpa_level_offset": false}'], "got False: use 'none'"),
+    (["--methods", "fpa_walk", "--fpa-kwargs", '{"fpa_mode": "free"}'], "unknown FPA arguments \\['fpa_mode'\\]"),
 ])
 def test_bad_arguments(tmp_path, capsys, args, match):
     base = {"--task": "stack", "--methods": "fox", "--dims": "1", "--ms": "2", "--seeds": "0", "--steps": "1"}
@@ -60,7 +64,7 @@ def test_seed_ranges_and_determinism(tmp_path):
         out = tmp_path / name
         assert main(["synth", "--task", "stack", "--methods", "fpa_walk", "--dims", "1", "--ms", "2",
                      "--seeds", "3-4", "--steps", "5", "--no-progress", "--out", str(out)]) == 0
-        return json.loads((out / "results.json").read_text())
+        return read_results(out)
 
     a, b = run("a"), run("b")
     assert a["meta"]["seeds"] == [3, 4] and [r["seed"] for r in a["records"]] == [3, 4]
@@ -68,18 +72,21 @@ def test_seed_ranges_and_determinism(tmp_path):
 
 
 def test_fpa_kwargs_reach_the_fpa_layers_only_and_are_recorded(tmp_path):
-    """--fpa-kwargs changes the FPA walk (a head offset from 2, then none) and leaves FoX alone."""
+    """--fpa-kwargs (FPAConfig names) changes the FPA walk (a head offset from 2, then none) and
+    leaves FoX alone."""
     def run(name, kw):
         out = tmp_path / name
         assert main(["synth", "--task", "stack", "--methods", "fpa_walk,fox", "--dims", "1", "--ms", "2",
                      "--seeds", "0", "--steps", "3", "--no-progress", "--fpa-kwargs", kw, "--out", str(out)]) == 0
-        return json.loads((out / "results.json").read_text())
+        return read_results(out)
 
-    two, none = run("two", '{"level_offset_init": 2.0}'), run("none", '{"level_offset": false}')
-    assert two["meta"]["fpa_parametrisation"]["fpa_walk"]["level_offset_init"] == 2.0
-    assert none["meta"]["fpa_parametrisation"]["fpa_walk"]["level_offset"] is None
+    two, none = run("two", '{"fpa_level_offset_init": 2.0}'), run("none", '{"fpa_level_offset": "none"}')
+    assert two["meta"]["fpa_kwargs"] == {"fpa_level_offset_init": 2.0}
+    assert two["meta"]["fpa_parametrisation"]["fpa_walk"]["fpa_level_offset_init"] == 2.0
+    assert none["meta"]["fpa_parametrisation"]["fpa_walk"]["fpa_level_offset"] == "none"
     assert "fox" not in two["meta"]["fpa_parametrisation"]
-    walk = {name: [r for r in d["records"] if r["method"] == "fpa_walk"][0] for name, d in (("two", two), ("none", none))}
+    walk = {name: [r for r in d["records"] if r["method"] == "fpa_walk"][0]
+            for name, d in (("two", two), ("none", none))}
     fox = [[r for r in d["records"] if r["method"] == "fox"][0] for d in (two, none)]
     assert walk["two"]["curve"] != walk["none"]["curve"]
     assert fox[0]["curve"] == fox[1]["curve"]
@@ -90,7 +97,7 @@ def test_merge_writes_split_runs_as_one(tmp_path):
     assert main(base + ["--methods", "fox", "--out", str(tmp_path / "a")]) == 0
     assert main(base + ["--methods", "fpa_walk", "--out", str(tmp_path / "b")]) == 0
     assert main(["synth", "--merge", f"{tmp_path / 'a'},{tmp_path / 'b'}", "--out", str(tmp_path / "m")]) == 0
-    recs = json.loads((tmp_path / "m" / "results.json").read_text())["records"]
+    recs = read_results(tmp_path / "m")["records"]
     assert sorted(r["method"] for r in recs) == ["fox", "fpa_walk"]
     assert (tmp_path / "m" / "heatmap_stack.png").stat().st_size > 0
     assert main(["synth", "--merge", f"{tmp_path / 'a'},{tmp_path / 'a'}", "--out", str(tmp_path / "x")]) == 2

@@ -18,7 +18,8 @@ def _model(attention="fpa", mode="walk", **kw):
     return FPAForCausalLM(cfg)
 
 
-@pytest.mark.parametrize("mode, heads", [("walk", ("increment_proj", "level_offset")), ("free", ("field_proj", "level_proj"))])
+@pytest.mark.parametrize("mode, heads", [("walk", ("increment_proj", "level_offset")),
+                                         ("free", ("field_proj", "level_proj"))])
 def test_field_parameters_get_the_multiplier(mode, heads):
     assert {g["lr_multiplier"] for g in parameter_groups(_model(mode=mode), 0.1)} == {1.0}  # the default
     model = _model(mode=mode, fpa_field_lr_multiplier=0.1)

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from fpa.train import train
 from fpa.train import checkpoint as ck
+from fpa.train import train
 
 
 def test_save_load_roundtrip_and_keep_last(tmp_path):

@@ -32,11 +32,10 @@ def test_documented_110m_recipe_is_a_valid_config(tmp_path):
     import yaml
 
     from fpa.train import TrainConfig
-    from fpa.train.model_setup import model_config
 
     doc = (Path(__file__).parents[2] / "docs" / "training.md").read_text()
     block = re.search(r"`110m-fpa.yaml`:\n\n```yaml\n(.*?)```", doc, re.S).group(1)
     cfg = TrainConfig.from_dict(yaml.safe_load(block))
     assert (cfg.preset, cfg.seq_len, cfg.batch_size, cfg.steps, cfg.parallel) == ("110m", 16384, 32, 5120, "fsdp")
     assert cfg.batch_size * cfg.seq_len * cfg.steps == 2_684_354_560  # FoX's 2.5 Gi tokens
-    assert model_config(cfg, 32000).hidden_size == 768
+    assert cfg.model_config(32000).hidden_size == 768

@@ -2,7 +2,6 @@
 a model card, and pipeline("text-generation") end to end."""
 
 import pytest
-import torch
 
 from fpa.data import prepare_corpus
 from fpa.data.tokenizer import BPETokenizer, ByteTokenizer, load_tokenizer, save_hf_tokenizer
@@ -60,4 +59,5 @@ def test_bpe_corpus_folder_has_hf_tokenizer(tmp_path):
     save_hf_tokenizer(tok, tmp_path / "m")
     from transformers import AutoTokenizer
 
-    assert AutoTokenizer.from_pretrained(tmp_path / "m")("for i in range(3):")["input_ids"] == tok.encode("for i in range(3):")
+    text = "for i in range(3):"
+    assert AutoTokenizer.from_pretrained(tmp_path / "m")(text)["input_ids"] == tok.encode(text)

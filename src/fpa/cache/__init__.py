@@ -23,11 +23,11 @@ field history (B, Hq, T) float32 of FPA/FoX layers for that, counted in ``bytes_
 
 The policy runs after every forward call (each prefill chunk, each decode step), so a prompt
 prefilled in chunks never holds more than budget + chunk keys per head (keys held; the allocated
-slots may exceed that by the compaction slack, see fpa.cache.storage). Each (row, KV head) keeps
-its own number of keys in its own blocks of a shared pool (paged storage, fpa.cache.storage):
+slots may exceed that by the compaction slack, see fpa.ops.cached.storage). Each (row, KV head) keeps
+its own number of keys in its own blocks of a shared pool (paged storage, fpa.ops.cached.storage):
 evicted slots become holes, a row is compacted once its holes reach max(block, 5% of its keys),
 freed blocks are reused, so bytes held <= 1.15 x the kept keys' bytes + 3 blocks per row. The
-attention reads the pool block by block (fpa.cache.paged); holes never change outputs (tested
+attention reads the pool block by block (fpa.ops.cached.paged); holes never change outputs (tested
 against the full forward and against dense attention over exactly the kept keys). docs/cache.md
 has the layout and the measured figures.
 
@@ -48,7 +48,3 @@ from fpa.cache.prefill import generate, prefill
 
 __all__ = ["FPACache", "FPAEviction", "FoXEviction", "H2O", "LayerCache", "LayerInfo", "Policy",
            "SlidingWindow", "StreamingLLM", "TOVA", "generate", "prefill"]
-
-import fpa as _fpa  # noqa: E402
-
-_fpa._finish_registration()  # the Auto-class registration, if importing transformers here came first

@@ -28,7 +28,7 @@ class FPACache(Cache):
     (assisted and prompt-lookup decoding). A cache remembers the model configuration that filled it
     and refuses a model with another one.
 
-    Storage is paged (fpa.cache.storage): blocks of ``block_size`` keys per (row, KV head), so the
+    Storage is paged (fpa.ops.cached.storage): blocks of ``block_size`` keys per (row, KV head), so the
     bytes held follow the keys kept. ``peak_bytes`` is the largest ``bytes_held()`` seen so far,
     measured after each forward call and before the policy runs (the cache's high-water mark).
     """
@@ -49,7 +49,8 @@ class FPACache(Cache):
         if self.model_signature is None:
             self.model_signature = dict(signature)
         elif self.model_signature != dict(signature):
-            diff = {k: (self.model_signature.get(k), v) for k, v in signature.items() if self.model_signature.get(k) != v}
+            diff = {k: (self.model_signature.get(k), v) for k, v in signature.items()
+                    if self.model_signature.get(k) != v}
             raise ValueError(f"this FPACache was filled by a model with another configuration "
                              f"(field: (cache's, this model's) = {diff}); use a new FPACache for this model")
 

@@ -2,7 +2,7 @@
 
 A policy is applied by FPACache after every forward call (a prefill chunk or a decode step),
 layer by layer: ``keep_mask(layer)`` returns (N, P) bool in the paged store's pool layout
-(fpa.cache.storage), True for the slots to keep. The threshold rules work on the pool directly;
+(fpa.ops.cached.storage), True for the slots to keep. The threshold rules work on the pool directly;
 the budget policies rank a padded (B, Hkv, C) copy of their scalar score (``score(layer)``, in the
 order of ``layer.store[...]``) and map the kept slots back with ``store.from_dense``.
 

@@ -42,7 +42,7 @@ def generate(model, input_ids: Tensor, cache: FPACache, max_new_tokens: int, chu
     it ``model.generate`` feeds the whole prompt in one call and the policy runs once, after it.
     Returns the sequences (B, T + max_new_tokens), as ``model.generate`` does.
     """
-    from fpa.models.modeling_fpa import CACHE_ARG
+    from fpa.compat import CACHE_ARG  # model.generate needs transformers anyway
 
     if not isinstance(cache, FPACache):
         raise ValueError(f"cache must be an FPACache, got {type(cache).__name__}")

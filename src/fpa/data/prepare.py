@@ -129,7 +129,8 @@ def _write_shards(source, out: Path, tokenizer: str, vocab_size, val_fraction: f
         tok = ByteTokenizer()
     else:
         train_docs = (d for i, d in enumerate(docs()) if not is_val(i, val_fraction, phase))
-        tok = BPETokenizer.train((d.text for d in capped(train_docs, bpe_sample_bytes)), vocab_size or DEFAULT_BPE_VOCAB)
+        tok = BPETokenizer.train((d.text for d in capped(train_docs, bpe_sample_bytes)),
+                                 vocab_size or DEFAULT_BPE_VOCAB)
     dtype = dtype_for_vocab(tok.vocab_size)
     writers.update({s: ShardWriter(out, s, dtype) for s in ("train", "val")})
     n_docs = {"train": 0, "val": 0}

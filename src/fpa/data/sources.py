@@ -75,7 +75,8 @@ def file_documents(path: Path) -> Iterator[Document]:
                     try:
                         yield Document(f"{path}:{i}", json.loads(line)["text"])
                     except (json.JSONDecodeError, KeyError, TypeError) as e:
-                        raise ValueError(f"{path} line {i + 1}: expected a JSON object with a 'text' field ({e})") from None
+                        raise ValueError(f"{path} line {i + 1}: expected a JSON object with a 'text' field "
+                                         f"({e})") from None
         return
     text = _read_text(path)
     if text:

@@ -73,7 +73,7 @@ class BPETokenizer:
         self.eos_id = int(eos)
 
     @classmethod
-    def train(cls, texts: Iterable[str], vocab_size: int) -> "BPETokenizer":
+    def train(cls, texts: Iterable[str], vocab_size: int) -> BPETokenizer:
         """Train on an iterator of documents. vocab_size must exceed the 256 byte symbols + eos."""
         from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -111,7 +111,8 @@ class BPETokenizer:
 def _bytes_to_unicode() -> dict[int, str]:
     """Byte -> printable character, the byte-level alphabet of ``tokenizers``' ByteLevel step:
     printable Latin-1 bytes map to themselves, the others to chr(256 + n) in byte order."""
-    keep = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1), *range(ord("\u00ae"), ord("\u00ff") + 1)]
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1),
+            *range(ord("\u00ae"), ord("\u00ff") + 1)]
     out, n = {b: chr(b) for b in keep}, 0
     for b in range(256):
         if b not in out:

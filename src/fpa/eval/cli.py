@@ -115,8 +115,10 @@ def load_checked(model_dir: Path, device: str):
             hf_logging.enable_progress_bar()
     bad = {k: v for k, v in info.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}
     if bad:
-        raise ValueError(f"--model: the weights in {model_dir} do not match config.json: "
-                         + "; ".join(f"{k} {sorted(map(str, v))[:5]}" for k, v in bad.items()))
+        raise ValueError(
+            f"--model: the weights in {model_dir} do not match config.json: "
+            + "; ".join(f"{k} {sorted(map(str, v))[:5]}" for k, v in bad.items())
+        )
     return model.to(device).eval()
 
 
@@ -144,62 +146,111 @@ def run_eval(args) -> int:
 
         need = min_prompt_length(tok)
         if L * min(args.multiples) < need:
-            raise ValueError(f"passkey prompts need >= {need} tokens, but --train-len {L} x --multiples "
-                             f"{min(args.multiples)} = {L * min(args.multiples)}; raise them or drop passkey/cache from --what")
+            raise ValueError(
+                f"passkey prompts need >= {need} tokens, but --train-len {L} x --multiples "
+                f"{min(args.multiples)} = {L * min(args.multiples)}; raise them or drop passkey/cache from --what"
+            )
     model = load_checked(model_dir, args.device)
 
+    from fpa.data.atomic import atomic_write_text
     from fpa.eval.curves import policy_curve
     from fpa.eval.kv import policies_for
     from fpa.eval.loss import heldout_loss
     from fpa.eval.passkey import passkey_grid
-    from fpa.experiments.stages import write_json
 
     attention = model.config.attention
     res = {"model": str(model_dir), "train_len": L}
     progress = not args.no_progress
     if "loss" in args.what:
         res["loss"] = heldout_loss(model, data, L, args.loss_multiple, args.loss_windows, progress)
-        print(f"held-out loss {res['loss']['loss']:.4f} (ppl {res['loss']['ppl']:.3f}); by multiple {res['loss']['by_multiple']}")
+        print(
+            f"held-out loss {res['loss']['loss']:.4f} (ppl {res['loss']['ppl']:.3f}); "
+            f"by multiple {res['loss']['by_multiple']}"
+        )
     lengths = [L * m for m in args.multiples]
     if "passkey" in args.what:
-        res["passkey"] = passkey_grid(model, tok, lengths, args.depths, args.trials, seed=args.seed,
-                                      chunk_size=args.chunk_size, batch_size=args.trials, progress=progress)
+        res["passkey"] = passkey_grid(
+            model,
+            tok,
+            lengths,
+            args.depths,
+            args.trials,
+            seed=args.seed,
+            chunk_size=args.chunk_size,
+            batch_size=args.trials,
+            progress=progress,
+        )
         print("passkey accuracy by length:", dict(zip(lengths, res["passkey"]["accuracy_by_length"])))
     if "cache" in args.what:
         res["cache_curve"] = {}
         for policy in ["full"] + policies_for(attention):
-            pts = policy_curve(model, tok, policy, L, args.multiples, args.depths, args.trials, args.thresholds,
-                               args.fractions, args.chunk_size, args.seed)
+            pts = policy_curve(
+                model,
+                tok,
+                policy,
+                L,
+                args.multiples,
+                args.depths,
+                args.trials,
+                args.thresholds,
+                args.fractions,
+                args.chunk_size,
+                args.seed,
+            )
             res["cache_curve"][policy] = pts
             for p in pts:
-                print(f"{policy} {'' if p['setting'] is None else p['setting']}: kept {p['kept_fraction']:.3f}, "
-                      f"accuracy by multiple {p['accuracy_by_multiple']}")
-    write_json(out, res)
+                print(
+                    f"{policy} {'' if p['setting'] is None else p['setting']}: kept {p['kept_fraction']:.3f}, "
+                    f"accuracy by multiple {p['accuracy_by_multiple']}"
+                )
+    atomic_write_text(out, json.dumps(res, indent=1) + "\n")
     print(f"wrote {out}")
     return 0
 
 
 def add_parser(subparsers) -> None:
-    e = subparsers.add_parser("eval", help="evaluate a trained model: per-position loss, passkey grid, cache policies",
-                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    e = subparsers.add_parser(
+        "eval",
+        help="evaluate a trained model: per-position loss, passkey grid, cache policies",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     e.add_argument("--model", required=True, help="saved model folder (fpa train's out_dir/model)")
     e.add_argument("--out", required=True, help="JSON file to write (checked writable before the evaluation)")
     e.add_argument("--data", help="prepared data folder (default: the one the model was trained on)")
     e.add_argument("--train-len", type=_positive_int, help="training length (default: from training.json)")
     e.add_argument("--what", type=_what, default=WHAT, help="comma list of loss, passkey, cache")
-    e.add_argument("--loss-multiple", type=_positive_int, default=8,
-                   help="the loss is measured on windows of this many times the training length")
+    e.add_argument(
+        "--loss-multiple",
+        type=_positive_int,
+        default=8,
+        help="the loss is measured on windows of this many times the training length",
+    )
     e.add_argument("--loss-windows", type=_positive_int, default=8, help="held-out windows for the loss")
-    e.add_argument("--multiples", type=_list(int, 1, 1 << 20), default=(1, 2, 4, 8, 16),
-                   help="passkey prompt lengths, as comma-separated multiples (>= 1) of the training length")
-    e.add_argument("--depths", type=_list(float, 0.0, 1.0), default=(0.0, 0.25, 0.5, 0.75, 1.0),
-                   help="passkey depths in [0, 1] (0: at the start of the prompt, 1: at the end)")
+    e.add_argument(
+        "--multiples",
+        type=_list(int, 1, 1 << 20),
+        default=(1, 2, 4, 8, 16),
+        help="passkey prompt lengths, as comma-separated multiples (>= 1) of the training length",
+    )
+    e.add_argument(
+        "--depths",
+        type=_list(float, 0.0, 1.0),
+        default=(0.0, 0.25, 0.5, 0.75, 1.0),
+        help="passkey depths in [0, 1] (0: at the start of the prompt, 1: at the end)",
+    )
     e.add_argument("--trials", type=_positive_int, default=10, help="prompts per (length, depth) cell")
-    e.add_argument("--fractions", type=_list(float, 0.0, 1.0, lo_open=True), default=(0.1, 0.15, 0.2, 0.25, 0.35, 0.5),
-                   help="kept fractions in (0, 1] for the budget policies (window, streamingllm, tova, h2o)")
-    e.add_argument("--thresholds", type=_list(float, 0.0, float("inf"), lo_open=True),
-                   default=(2.0, 4.0, 6.0, 8.0, 16.0, 32.0),
-                   help="thresholds tau > 0 for the model's own eviction rule (FPA, FoX); each reports its kept fraction")
+    e.add_argument(
+        "--fractions",
+        type=_list(float, 0.0, 1.0, lo_open=True),
+        default=(0.1, 0.15, 0.2, 0.25, 0.35, 0.5),
+        help="kept fractions in (0, 1] for the budget policies (window, streamingllm, tova, h2o)",
+    )
+    e.add_argument(
+        "--thresholds",
+        type=_list(float, 0.0, float("inf"), lo_open=True),
+        default=(2.0, 4.0, 6.0, 8.0, 16.0, 32.0),
+        help="thresholds tau > 0 for the model's own eviction rule (FPA, FoX); each reports its kept fraction",
+    )
     e.add_argument("--chunk-size", type=_positive_int, default=256, help="prefill chunk (tokens per forward)")
     e.add_argument("--seed", type=int, default=0, help="seed of the passkey prompts")
     e.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where the model runs")

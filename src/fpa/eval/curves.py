@@ -36,6 +36,7 @@ def _factory(policy: str, setting: float | None, hybrid_threshold: float):
         else:
             p = make_policy(policy, budget=budget_for(float(setting), length), threshold=hybrid_threshold)
         return FPACache(p), p
+
     return make
 
 
@@ -49,9 +50,20 @@ def sweep_of(policy: str, thresholds: Sequence[float], fractions: Sequence[float
     return list(thresholds if policy in THRESHOLD_RULES else fractions)
 
 
-def policy_curve(model, tokenizer, policy: str, train_len: int, multiples: Sequence[int], depths: Sequence[float],
-                 trials: int, thresholds: Sequence[float], fractions: Sequence[float], chunk_size: int,
-                 seed: int = 0, hybrid_threshold: float = 16.0) -> list[dict]:
+def policy_curve(
+    model,
+    tokenizer,
+    policy: str,
+    train_len: int,
+    multiples: Sequence[int],
+    depths: Sequence[float],
+    trials: int,
+    thresholds: Sequence[float],
+    fractions: Sequence[float],
+    chunk_size: int,
+    seed: int = 0,
+    hybrid_threshold: float = 16.0,
+) -> list[dict]:
     """Points of ``policy`` on ``model``: [{"setting" (tau, fraction, or None for full),
     "kept_fraction" (achieved, mean over cells), "kept_by_multiple": {"8": ...},
     "accuracy_by_multiple": {"8": ...}, "correct": per multiple x depth counts}], one per setting.
@@ -62,11 +74,26 @@ def policy_curve(model, tokenizer, policy: str, train_len: int, multiples: Seque
     lengths = [train_len * int(m) for m in multiples]
     points = []
     for s in settings:
-        g = passkey_grid(model, tokenizer, lengths, depths, trials, seed=seed, make_cache=_factory(policy, s, hybrid_threshold),
-                         chunk_size=chunk_size, batch_size=trials, progress=False)
+        g = passkey_grid(
+            model,
+            tokenizer,
+            lengths,
+            depths,
+            trials,
+            seed=seed,
+            make_cache=_factory(policy, s, hybrid_threshold),
+            chunk_size=chunk_size,
+            batch_size=trials,
+            progress=False,
+        )
         kept = np.asarray(g["kept_fraction"]).mean(1)
-        points.append({"setting": s, "kept_fraction": float(kept.mean()),
-                       "kept_by_multiple": {str(m): float(k) for m, k in zip(multiples, kept)},
-                       "accuracy_by_multiple": {str(m): float(a) for m, a in zip(multiples, g["accuracy_by_length"])},
-                       "correct": g["correct"]})
+        points.append(
+            {
+                "setting": s,
+                "kept_fraction": float(kept.mean()),
+                "kept_by_multiple": {str(m): float(k) for m, k in zip(multiples, kept)},
+                "accuracy_by_multiple": {str(m): float(a) for m, a in zip(multiples, g["accuracy_by_length"])},
+                "correct": g["correct"],
+            }
+        )
     return points

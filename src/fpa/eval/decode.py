@@ -6,9 +6,17 @@ import torch
 from torch import Tensor
 
 
+def output_cache(out):
+    """The cache a model output carries (transformers >= 5.3 names the field ``cache``, earlier
+    versions ``past_key_values``)."""
+    c = getattr(out, "cache", None) if "cache" in getattr(out, "keys", lambda: ())() else None
+    return c if c is not None else out.past_key_values
+
+
 @torch.no_grad()
-def greedy_decode(model, input_ids: Tensor, max_new_tokens: int, cache=None,
-                  chunk_size: int | None = None) -> tuple[Tensor, object]:
+def greedy_decode(
+    model, input_ids: Tensor, max_new_tokens: int, cache=None, chunk_size: int | None = None
+) -> tuple[Tensor, object]:
     """Greedy continuation of ``input_ids`` (B, T) -> (new ids (B, max_new_tokens), final cache).
 
     ``model(input_ids=..., past_key_values=cache, use_cache=True)`` must return ``.logits``
@@ -24,20 +32,16 @@ def greedy_decode(model, input_ids: Tensor, max_new_tokens: int, cache=None,
         raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size!r}")
     T = input_ids.shape[1]
 
-    def _cache(out):  # transformers >= 5.3 names the output field "cache"
-        c = getattr(out, "cache", None) if "cache" in getattr(out, "keys", lambda: ())() else None
-        return c if c is not None else out.past_key_values
-
     step = T if chunk_size is None else chunk_size
     logits = None
     for a in range(0, T, step):
-        out = model(input_ids=input_ids[:, a:a + step], past_key_values=cache, use_cache=True)
-        cache, logits = _cache(out), out.logits[:, -1]
+        out = model(input_ids=input_ids[:, a : a + step], past_key_values=cache, use_cache=True)
+        cache, logits = output_cache(out), out.logits[:, -1]
     new = []
     for i in range(max_new_tokens):
         tok = logits.argmax(-1, keepdim=True)  # (B, 1)
         new.append(tok)
         if i + 1 < max_new_tokens:
             out = model(input_ids=tok, past_key_values=cache, use_cache=True)
-            cache, logits = _cache(out), out.logits[:, -1]
+            cache, logits = output_cache(out), out.logits[:, -1]
     return torch.cat(new, 1), cache

@@ -63,7 +63,17 @@ def passkey_example(model, tokenizer, length: int, depth: float, seed: int = 0) 
             best = (float(mass[h]), i, h, field[h], level[h], w[h])
     new, _ = greedy_decode(model, ids, max_answer_tokens(tokenizer, len(prompt.key)))
     mass, layer, head, field, level, w = best
-    return {"ids": prompt.ids.tolist(), "key": prompt.key, "depth": float(depth),
-            "needle_start": prompt.needle_start, "needle_len": prompt.needle_len,
-            "generated": tokenizer.decode(new[0].tolist()), "layer": layer, "head": head,
-            "needle_mass": mass, "field": field.tolist(), "level": level.tolist(), "attention": w.tolist()}
+    return {
+        "ids": prompt.ids.tolist(),
+        "key": prompt.key,
+        "depth": float(depth),
+        "needle_start": prompt.needle_start,
+        "needle_len": prompt.needle_len,
+        "generated": tokenizer.decode(new[0].tolist()),
+        "layer": layer,
+        "head": head,
+        "needle_mass": mass,
+        "field": field.tolist(),
+        "level": level.tolist(),
+        "attention": w.tolist(),
+    }

@@ -12,6 +12,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
+from fpa.eval.decode import output_cache
+
 
 def fit_exponent(lengths: Sequence[float], kept: Sequence[float]) -> float:
     """Least-squares slope of log(kept) against log(length) (NaN with fewer than two usable points)."""
@@ -24,8 +26,9 @@ def fit_exponent(lengths: Sequence[float], kept: Sequence[float]) -> float:
 
 
 @torch.no_grad()
-def kept_keys_growth(model, ids: torch.Tensor, make_cache: Callable[[], tuple[object, object]],
-                     lengths: Sequence[int], chunk_size: int) -> dict:
+def kept_keys_growth(
+    model, ids: torch.Tensor, make_cache: Callable[[], tuple[object, object]], lengths: Sequence[int], chunk_size: int
+) -> dict:
     """Stream ``ids`` (1, N) through ``model`` in chunks of ``chunk_size`` tokens with the cache and
     policy from ``make_cache()``; after ``L`` tokens for each L in ``lengths`` (multiples of
     ``chunk_size``, at most N), record the policy's kept fraction.
@@ -44,8 +47,8 @@ def kept_keys_growth(model, ids: torch.Tensor, make_cache: Callable[[], tuple[ob
     fractions, at = [], 0
     for L in lengths:
         for a in range(at, L, chunk_size):
-            out = model(input_ids=ids[:, a:a + chunk_size], past_key_values=cache, use_cache=True)
-            cache = out.past_key_values
+            out = model(input_ids=ids[:, a : a + chunk_size], past_key_values=cache, use_cache=True)
+            cache = output_cache(out)
         at = L
         fractions.append(float(policy.kept_fraction))
     kept = [f * L for f, L in zip(fractions, lengths)]

@@ -42,18 +42,22 @@ def make_policy(name: str, *, budget: int | None = None, threshold: float | None
         if threshold is None:
             raise ValueError(f"threshold is required for policy {name!r}")
         rule = name.removesuffix(WITHIN_SUFFIX)
-        return (FPAEviction if rule == "fpa" else FoXEviction)(threshold=float(threshold),
-                                                              within_chunks=name.endswith(WITHIN_SUFFIX))
+        return (FPAEviction if rule == "fpa" else FoXEviction)(
+            threshold=float(threshold), within_chunks=name.endswith(WITHIN_SUFFIX)
+        )
     if "+" in name:
         from fpa.cache.hybrid import RuleThenBudget
 
         own, budget_name = name.split("+", 1)
         if own not in THRESHOLD_POLICIES or budget_name not in HYBRID_BUDGETS:
-            raise ValueError(f"a hybrid policy is <own rule>+<budget>, own in {tuple(THRESHOLD_POLICIES)} and budget in "
-                             f"{HYBRID_BUDGETS}, got {name!r}")
+            raise ValueError(
+                f"a hybrid policy is <own rule>+<budget>, own in {tuple(THRESHOLD_POLICIES)} and budget in "
+                f"{HYBRID_BUDGETS}, got {name!r}"
+            )
         return RuleThenBudget(make_policy(own, threshold=threshold), make_policy(budget_name, budget=budget))
-    raise ValueError(f"policy must be one of {BUDGET_POLICIES + THRESHOLD_RULES} or a hybrid such as "
-                     f"'fpa+h2o', got {name!r}")
+    raise ValueError(
+        f"policy must be one of {BUDGET_POLICIES + THRESHOLD_RULES} or a hybrid such as 'fpa+h2o', got {name!r}"
+    )
 
 
 def budget_for(fraction: float, length: int) -> int:

@@ -37,7 +37,8 @@ def _kvpress():
         raise KvpressUnavailable(
             f"kvpress cannot be imported ({type(e).__name__}: {e}); install the extra with "
             f"pip install -e '.[kvpress]' (kvpress pins transformers<5.3; installed transformers "
-            f"{transformers.__version__})") from e
+            f"{transformers.__version__})"
+        ) from e
     from fpa.models.modeling_fpa import CACHE_ARG
 
     if CACHE_ARG != "past_key_values":
@@ -47,7 +48,8 @@ def _kvpress():
             f"kvpress cannot run on transformers {transformers.__version__}: "
             "its forward hooks read the attention call's kwargs['past_key_values'], which transformers >= 5.3 "
             "renamed 'cache' (measured: KeyError: 'past_key_values' in kvpress/presses/base_press.py with "
-            "transformers 5.24); use an environment with pip install -e '.[kvpress]' (transformers<5.3)")
+            "transformers 5.24); use an environment with pip install -e '.[kvpress]' (transformers<5.3)"
+        )
     return kvpress
 
 
@@ -57,8 +59,13 @@ def make_press(name: str, compression_ratio: float):
     if not isinstance(compression_ratio, (int, float)) or not 0 <= compression_ratio < 1:
         raise ValueError(f"compression_ratio must be a number in [0, 1), got {compression_ratio!r}")
     kv = _kvpress()
-    classes = {"knorm": "KnormPress", "snapkv": "SnapKVPress", "streaming_llm": "StreamingLLMPress",
-               "expected_attention": "ExpectedAttentionPress", "tova": "TOVAPress"}
+    classes = {
+        "knorm": "KnormPress",
+        "snapkv": "SnapKVPress",
+        "streaming_llm": "StreamingLLMPress",
+        "expected_attention": "ExpectedAttentionPress",
+        "tova": "TOVAPress",
+    }
     if name not in classes:
         raise ValueError(f"press must be one of {PRESSES}, got {name!r}")
     return getattr(kv, classes[name])(compression_ratio=float(compression_ratio))
@@ -86,9 +93,16 @@ def _decode(llama, ids: torch.Tensor, press, n_new: int) -> tuple[list[int], flo
     return new, kept
 
 
-def kvpress_passkey_grid(model_dir_or_model, tokenizer, lengths: Sequence[int], depths: Sequence[float],
-                         trials: int, compression_ratios: Sequence[float],
-                         presses: Sequence[str] = ("knorm", "snapkv", "streaming_llm"), seed: int = 0) -> dict:
+def kvpress_passkey_grid(
+    model_dir_or_model,
+    tokenizer,
+    lengths: Sequence[int],
+    depths: Sequence[float],
+    trials: int,
+    compression_ratios: Sequence[float],
+    presses: Sequence[str] = ("knorm", "snapkv", "streaming_llm"),
+    seed: int = 0,
+) -> dict:
     """Exact-match passkey accuracy for every (press, compression ratio), on the same prompts as
     fpa.eval.passkey.passkey_grid (same seed -> same prompts and keys).
 
@@ -127,10 +141,26 @@ def kvpress_passkey_grid(model_dir_or_model, tokenizer, lengths: Sequence[int], 
                         examples.append({"length": int(length), "key": p.key, "generated": text})
                 kept[i, j] = float(np.mean(ks))
         acc = correct / trials
-        grids.append({"press": name, "compression_ratio": float(ratio), "lengths": [int(x) for x in lengths],
-                      "depths": [float(d) for d in depths], "trials": trials, "correct": correct.tolist(),
-                      "accuracy": acc.tolist(), "accuracy_by_length": acc.mean(1).tolist(),
-                      "kept_fraction": kept.tolist(),
-                      "kept_fraction_mean": float(kept.mean()) if kept.size else math.nan, "examples": examples})
-    return {"lengths": [int(x) for x in lengths], "depths": [float(d) for d in depths], "trials": trials,
-            "compression_ratios": [float(r) for r in compression_ratios], "presses": list(presses), "grids": grids}
+        grids.append(
+            {
+                "press": name,
+                "compression_ratio": float(ratio),
+                "lengths": [int(x) for x in lengths],
+                "depths": [float(d) for d in depths],
+                "trials": trials,
+                "correct": correct.tolist(),
+                "accuracy": acc.tolist(),
+                "accuracy_by_length": acc.mean(1).tolist(),
+                "kept_fraction": kept.tolist(),
+                "kept_fraction_mean": float(kept.mean()) if kept.size else math.nan,
+                "examples": examples,
+            }
+        )
+    return {
+        "lengths": [int(x) for x in lengths],
+        "depths": [float(d) for d in depths],
+        "trials": trials,
+        "compression_ratios": [float(r) for r in compression_ratios],
+        "presses": list(presses),
+        "grids": grids,
+    }

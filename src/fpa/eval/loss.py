@@ -20,7 +20,7 @@ def per_position_loss(model, windows: np.ndarray, batch_size: int = 4, progress:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
     total = np.zeros(windows.shape[1] - 1)
     for a in tqdm(range(0, len(windows), batch_size), desc="per-position loss", disable=not progress, leave=False):
-        x = torch.from_numpy(windows[a:a + batch_size].astype(np.int64))
+        x = torch.from_numpy(windows[a : a + batch_size].astype(np.int64))
         out = model(input_ids=x, labels=x, return_per_token_loss=True)
         total += out["per_token_loss"].double().sum(0).numpy()
     return total / len(windows)
@@ -46,8 +46,9 @@ def loss_summary(curve: np.ndarray, train_len: int) -> dict:
 HALVES = {"all": (0.0, 1.0), "first": (0.0, 0.5), "second": (0.5, 1.0)}
 
 
-def heldout_loss(model, data_dir, train_len: int, multiple: int, n_windows: int, progress: bool = True,
-                 part: str = "all") -> dict:
+def heldout_loss(
+    model, data_dir, train_len: int, multiple: int, n_windows: int, progress: bool = True, part: str = "all"
+) -> dict:
     """Per-position loss on ``n_windows`` held-out windows of ``multiple`` x ``train_len`` tokens
     (evenly spread over ``part`` of the val split of a prepared data folder: "all", or its "first"
     or "second" half, so that tuning and reporting use disjoint text) -> {"curve", **loss_summary}."""
@@ -61,6 +62,6 @@ def heldout_loss(model, data_dir, train_len: int, multiple: int, n_windows: int,
     if hi - lo < n + 1:
         raise ValueError(f"the {part!r} part of the val split has {hi - lo} tokens, fewer than {n + 1}")
     starts = np.linspace(lo, hi - n - 1, num=n_windows).astype(np.int64)
-    w = np.stack([val[int(s): int(s) + n + 1] for s in starts])
+    w = np.stack([val[int(s) : int(s) + n + 1] for s in starts])
     curve = per_position_loss(model, w, batch_size=2, progress=progress)
     return {"curve": curve.tolist(), **loss_summary(curve, train_len)}

@@ -26,15 +26,21 @@ def cell_prompts(tokenizer, length: int, depth: float, depth_index: int, trials:
     return [make_prompt(tokenizer, length, depth, rng) for _ in range(trials)]
 
 
-def run_cell(model, tokenizer, prompts, make_cache: CacheFactory | None = None,
-             chunk_size: int | None = None, batch_size: int | None = None) -> tuple[int, float, list[str]]:
+def run_cell(
+    model,
+    tokenizer,
+    prompts,
+    make_cache: CacheFactory | None = None,
+    chunk_size: int | None = None,
+    batch_size: int | None = None,
+) -> tuple[int, float, list[str]]:
     """Decode a cell's prompts greedily -> (number correct, mean achieved kept fraction (1.0 for the
     full cache, NaN if the policy reports none), the generated texts)."""
     n_new = max_answer_tokens(tokenizer, len(prompts[0].key))
     bs = len(prompts) if batch_size is None else batch_size
     correct, kept, texts = 0, [], []
     for a in range(0, len(prompts), bs):
-        group = prompts[a:a + bs]
+        group = prompts[a : a + bs]
         ids = torch.from_numpy(np.stack([p.ids for p in group]))
         cache, policy = (None, None) if make_cache is None else make_cache(ids.shape[1])
         new, _ = greedy_decode(model, ids, n_new, cache=cache, chunk_size=chunk_size)
@@ -46,9 +52,19 @@ def run_cell(model, tokenizer, prompts, make_cache: CacheFactory | None = None,
     return correct, float(np.mean(kept)), texts
 
 
-def passkey_grid(model, tokenizer, lengths: Sequence[int], depths: Sequence[float], trials: int,
-                 seed: int = 0, make_cache: CacheFactory | None = None, chunk_size: int | None = None,
-                 batch_size: int | None = None, progress: bool = True, desc: str = "passkey") -> dict:
+def passkey_grid(
+    model,
+    tokenizer,
+    lengths: Sequence[int],
+    depths: Sequence[float],
+    trials: int,
+    seed: int = 0,
+    make_cache: CacheFactory | None = None,
+    chunk_size: int | None = None,
+    batch_size: int | None = None,
+    progress: bool = True,
+    desc: str = "passkey",
+) -> dict:
     """Exact-match passkey accuracy over lengths x depths.
 
     The prompts of one length (every depth, ``trials`` each) are decoded in batches of
@@ -78,10 +94,10 @@ def passkey_grid(model, tokenizer, lengths: Sequence[int], depths: Sequence[floa
             cells += [j] * trials
         kept_sum, texts = np.zeros(len(depths)), []
         for a in range(0, len(prompts), bs):
-            group = prompts[a:a + bs]
+            group = prompts[a : a + bs]
             n_ok, k, t = run_cell(model, tokenizer, group, make_cache, chunk_size, len(group))
             texts += t
-            for c in cells[a:a + bs]:
+            for c in cells[a : a + bs]:
                 kept_sum[c] += k
             bar.update(len(group))
         for p, text, c in zip(prompts, texts, cells):
@@ -91,8 +107,14 @@ def passkey_grid(model, tokenizer, lengths: Sequence[int], depths: Sequence[floa
     bar.close()
     acc = correct / trials
     finite = kept[np.isfinite(kept)]
-    return {"lengths": [int(x) for x in lengths], "depths": [float(d) for d in depths], "trials": trials,
-            "correct": correct.tolist(), "accuracy": acc.tolist(), "accuracy_by_length": acc.mean(1).tolist(),
-            "kept_fraction": kept.tolist(),
-            "kept_fraction_mean": float(finite.mean()) if finite.size else math.nan,
-            "examples": examples}
+    return {
+        "lengths": [int(x) for x in lengths],
+        "depths": [float(d) for d in depths],
+        "trials": trials,
+        "correct": correct.tolist(),
+        "accuracy": acc.tolist(),
+        "accuracy_by_length": acc.mean(1).tolist(),
+        "kept_fraction": kept.tolist(),
+        "kept_fraction_mean": float(finite.mean()) if finite.size else math.nan,
+        "examples": examples,
+    }

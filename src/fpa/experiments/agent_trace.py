@@ -28,13 +28,12 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fpa.cache import FPACache, Policy
-from fpa.layers.attention import FirstPassageAttention
 from fpa.experiments.capacity import TrainConfig, lr_factor
+from fpa.layers.attention import FirstPassageAttention
 from fpa.tasks.nested import PUSH, CallsTask, sample_walk
 from fpa.tasks.packed import PackedModels
 
@@ -98,7 +97,7 @@ def make_head(variant: str, dim: int, embed_dim: int, layer_kwargs: dict | None 
     to it) or "walk+offset" (TokenOffsetWalk, the library walk with level_offset="token", in place of
     the attention layer: one packed model, so the block-diagonal packing is the identity)."""
     # "walk" is the walk with level = field (no offset), as the committed benchmark ran it
-    kw = {"level_offset": False, **(layer_kwargs or {})} if variant == "walk" else layer_kwargs
+    kw = {"level_offset": "none", **(layer_kwargs or {})} if variant == "walk" else layer_kwargs
     model = PackedModels("fpa_walk", 1, CallsTask.vocab_size, dim, embed_dim, layer_kwargs=kw)
     if variant == "walk+offset":
         model.attn = TokenOffsetWalk(embed_dim, 1, dim)

@@ -32,19 +32,29 @@ def _by_multiple(values: list[float], p: ReproducePreset) -> dict[str, float]:
 def _seed_entry(p: ReproducePreset, r: dict, trained: dict, evaluated: dict, rid: str, commit: str | None) -> dict:
     t, lo, pk = trained[f"train-{rid}"], evaluated[f"loss-{rid}"], evaluated[f"passkey-{rid}"]
     acc = _by_multiple(pk["accuracy_by_length"], p)
-    e = {"seed": r["seed"], "commit": commit, "loss": lo["loss"], "loss_by_multiple": lo["by_multiple"],
-         "passkey_by_multiple": acc, "passkey_grid": pk["accuracy"], "control_pass": acc["1"] >= CONTROL,
-         "train": {k: t.get(k) for k in ("tokens_per_s", "val_loss", "final_train_loss", "task_loss_curve")}}
-    e["train"]["task_loss_curve"] = [{"step": c["step"], "task_loss": c["task_loss"]}
-                                     for c in e["train"]["task_loss_curve"] or []]
+    e = {
+        "seed": r["seed"],
+        "commit": commit,
+        "loss": lo["loss"],
+        "loss_by_multiple": lo["by_multiple"],
+        "passkey_by_multiple": acc,
+        "passkey_grid": pk["accuracy"],
+        "control_pass": acc["1"] >= CONTROL,
+        "train": {k: t.get(k) for k in ("tokens_per_s", "val_loss", "final_train_loss", "task_loss_curve")},
+    }
+    e["train"]["task_loss_curve"] = [
+        {"step": c["step"], "task_loss": c["task_loss"]} for c in e["train"]["task_loss_curve"] or []
+    ]
     if f"evict-{rid}" in evaluated:
         ev, gr = evaluated[f"evict-{rid}"], evaluated[f"growth-{rid}"]
-        e["eviction"] = {"tau": ev["tau"], "kept_fraction": _by_multiple([np.mean(k) for k in ev["rule"]["kept_fraction"]], p),
-                         "accuracy": _by_multiple(ev["rule"]["accuracy_by_length"], p),
-                         "window_accuracy": _by_multiple(ev["window"]["accuracy_by_length"], p),
-                         "window_kept_fraction": _by_multiple(
-                             [np.mean(k) for k in ev["window"]["kept_fraction"]], p),
-                         "growth": gr}
+        e["eviction"] = {
+            "tau": ev["tau"],
+            "kept_fraction": _by_multiple([np.mean(k) for k in ev["rule"]["kept_fraction"]], p),
+            "accuracy": _by_multiple(ev["rule"]["accuracy_by_length"], p),
+            "window_accuracy": _by_multiple(ev["window"]["accuracy_by_length"], p),
+            "window_kept_fraction": _by_multiple([np.mean(k) for k in ev["window"]["kept_fraction"]], p),
+            "growth": gr,
+        }
     return e
 
 
@@ -65,21 +75,35 @@ def _eviction(p: ReproducePreset, seeds: list[dict]) -> dict:
     for m in map(str, p.passkey_multiples):
         full = [s["passkey_by_multiple"][m] for s in seeds]
         acc = [s["eviction"]["accuracy"][m] for s in seeds]
-        by[m] = {"kept_fraction": [s["eviction"]["kept_fraction"][m] for s in seeds], "accuracy": acc,
-                 "full_accuracy": full, "window_accuracy": [s["eviction"]["window_accuracy"][m] for s in seeds],
-                 "lossless": [None if f < LOSSLESS_FULL else bool(a >= f - 1e-9) for a, f in zip(acc, full)]}
+        by[m] = {
+            "kept_fraction": [s["eviction"]["kept_fraction"][m] for s in seeds],
+            "accuracy": acc,
+            "full_accuracy": full,
+            "window_accuracy": [s["eviction"]["window_accuracy"][m] for s in seeds],
+            "lossless": [None if f < LOSSLESS_FULL else bool(a >= f - 1e-9) for a, f in zip(acc, full)],
+        }
     exps = [s["eviction"]["growth"]["exponent"] for s in seeds]
-    growth = {"lengths": seeds[0]["eviction"]["growth"]["lengths"],
-              "kept_keys": np.mean([s["eviction"]["growth"]["kept_keys"] for s in seeds], 0).tolist()}
-    return {"tau": seeds[0]["eviction"]["tau"], "by_multiple": by, "keys_growth_exponent": float(np.nanmean(exps)),
-            "keys_growth_exponent_by_seed": exps, "growth": growth}
+    growth = {
+        "lengths": seeds[0]["eviction"]["growth"]["lengths"],
+        "kept_keys": np.mean([s["eviction"]["growth"]["kept_keys"] for s in seeds], 0).tolist(),
+    }
+    return {
+        "tau": seeds[0]["eviction"]["tau"],
+        "by_multiple": by,
+        "keys_growth_exponent": float(np.nanmean(exps)),
+        "keys_growth_exponent_by_seed": exps,
+        "growth": growth,
+    }
 
 
 def tuning_summary(p: ReproducePreset) -> dict:
     """What this preset froze from its tuning run, and the tuning run's selection table if the
     folder named by ``tuning_source`` holds one."""
-    out = {"seeds": list(p.tuning_seeds), "source": p.tuning_source,
-           "selected": {s.name: {"model": s.model, "train": s.train, "tau": p.taus.get(s.name)} for s in p.core}}
+    out = {
+        "seeds": list(p.tuning_seeds),
+        "source": p.tuning_source,
+        "selected": {s.name: {"model": s.model, "train": s.train, "tau": p.taus.get(s.name)} for s in p.core},
+    }
     if p.tuning_source:
         path = Path(p.tuning_source) / "results.json"
         if path.is_file():
@@ -90,8 +114,14 @@ def tuning_summary(p: ReproducePreset) -> dict:
     return out
 
 
-def aggregate(p: ReproducePreset, runs: list[dict], trained: dict, evaluated: dict, run_id: Callable[[dict], str],
-              commit_of: Callable[[str], str | None] = lambda name: None) -> dict:
+def aggregate(
+    p: ReproducePreset,
+    runs: list[dict],
+    trained: dict,
+    evaluated: dict,
+    run_id: Callable[[dict], str],
+    commit_of: Callable[[str], str | None] = lambda name: None,
+) -> dict:
     """The results dict of a reported preset (docs/reproduce.md lists its keys)."""
     names = list(dict.fromkeys(r["spec"].name for r in runs))
     methods = {}
@@ -101,10 +131,18 @@ def aggregate(p: ReproducePreset, runs: list[dict], trained: dict, evaluated: di
         acc = np.asarray([[s["passkey_by_multiple"][str(m)] for m in p.passkey_multiples] for s in seeds], float)
         spec = rs[0]["spec"]
         methods[name] = {
-            "base": spec.base, "role": rs[0]["role"], "attention": spec.attention, "model": spec.model,
+            "base": spec.base,
+            "role": rs[0]["role"],
+            "attention": spec.attention,
+            "model": spec.model,
             "train_overrides": spec.train,
-            "passkey": {"multiples": list(p.passkey_multiples), "accuracy_by_multiple": acc.mean(0).tolist(),
-                        "min": acc.min(0).tolist(), "max": acc.max(0).tolist(), "n_seeds": len(seeds)},
+            "passkey": {
+                "multiples": list(p.passkey_multiples),
+                "accuracy_by_multiple": acc.mean(0).tolist(),
+                "min": acc.min(0).tolist(),
+                "max": acc.max(0).tolist(),
+                "n_seeds": len(seeds),
+            },
             "loss": _spread([s["loss"] for s in seeds]),
             "control_passed": sum(s["control_pass"] for s in seeds),
             "loss_curve": np.mean([evaluated[f"loss-{run_id(r)}"]["curve"] for r in rs], 0).tolist(),
@@ -113,8 +151,14 @@ def aggregate(p: ReproducePreset, runs: list[dict], trained: dict, evaluated: di
         }
         if all("eviction" in s for s in seeds) and seeds:
             methods[name]["eviction"] = _eviction(p, seeds)
-    return {"kind": "reported", "preset": p.to_dict(), "train_len": p.train_len, "tuning": tuning_summary(p),
-            "methods": methods, "analysis": analysis(methods)}
+    return {
+        "kind": "reported",
+        "preset": p.to_dict(),
+        "train_len": p.train_len,
+        "tuning": tuning_summary(p),
+        "methods": methods,
+        "analysis": analysis(methods),
+    }
 
 
 def analysis(methods: dict) -> dict:
@@ -129,10 +173,12 @@ def analysis(methods: dict) -> dict:
     out = {}
     for m in ("8", "16"):
         if all(m in sa[s]["passkey_by_multiple"] for s in shared):
-            out[m] = paired([sa[s]["passkey_by_multiple"][m] for s in shared],
-                            [sb[s]["passkey_by_multiple"][m] for s in shared])
+            out[m] = paired(
+                [sa[s]["passkey_by_multiple"][m] for s in shared], [sb[s]["passkey_by_multiple"][m] for s in shared]
+            )
     out["loss"] = paired([sa[s]["loss"] for s in shared], [sb[s]["loss"] for s in shared])
-    out["perfect_at_8x"] = {n: sum(d[s]["passkey_by_multiple"].get("8", 0) >= 1.0 for s in shared)
-                            for n, d in ((a, sa), (b, sb))}
+    out["perfect_at_8x"] = {
+        n: sum(d[s]["passkey_by_multiple"].get("8", 0) >= 1.0 for s in shared) for n, d in ((a, sa), (b, sb))
+    }
     out["seeds"] = shared
     return {f"{a} vs {b}": out}

@@ -46,11 +46,14 @@ def paired(a: Sequence[float], b: Sequence[float]) -> dict:
 
 
 def verdict(res: dict, a: str, b: str, what: str, unit: str = " points", scale: float = 100.0,
-            higher_is_better: bool = True) -> str:
-    """One sentence from a paired result: who is ahead, or that no difference is detectable."""
+            higher_is_better: bool = True, digits: int = 1) -> str:
+    """One sentence from a paired result: who is ahead (the 95% interval excludes 0), or that no
+    difference is detectable; the sign test's p and the wins of each side are quoted beside it."""
     lo, hi = (scale * x for x in res["ci95"])
     mean = scale * res["mean_diff"]
-    interval = f"mean {a} - {b} {mean:+.1f}{unit}, 95% interval [{lo:+.1f}, {hi:+.1f}], sign test p = {res['sign_p']:.2g}"
+    f = f"+.{digits}f"
+    interval = (f"mean {a} - {b} {mean:{f}}{unit}, 95% interval [{lo:{f}}, {hi:{f}}], sign test p = "
+                f"{res['sign_p']:.2g}, {a} ahead on {res['wins_a']} seeds and {b} on {res['wins_b']}")
     if lo > 0 or hi < 0:
         ahead = a if (lo > 0) == higher_is_better else b
         return f"{what}: {ahead} ahead at n = {res['n']} ({interval})."

@@ -35,7 +35,7 @@ class TrainConfig:
     The defaults are the ``dense`` recipe: the loss covers every position whose per-prefix answer
     is defined (``Task.prefix_answers``; final query only for tasks without one), Adam with
     ``warmup`` linear warm-up steps then cosine decay to 0, each model's gradient norm clipped at ``clip``.
-    ``RECIPES["legacy"]`` is the first protocol: final-query loss, constant lr 1e-2, 400 x 32;
+    ``RECIPES["legacy"]`` is the original protocol: final-query loss, constant lr 1e-2, 400 x 32;
     ``RECIPES["curriculum"]`` (the default of ``fpa synth``) is dense with 2400 steps and a length
     curriculum.
     ``long_every`` > 0 is a length curriculum: every ``long_every``-th step trains on a batch at
@@ -63,9 +63,10 @@ class TrainConfig:
 
 
 RECIPES: dict[str, dict] = {
-    # the default of `fpa synth` since 2026-12-04: dense, 2400 steps, every 4th batch at 2x the length
-    "curriculum": dict(steps=2400, batch=16, lr=3e-2, dense=True, schedule="cosine", warmup=40, clip=1.0,
-                       long_every=4, long_factor=2),
+    # the default of `fpa synth`: dense, 2400 steps, every 4th batch at 2x the length
+    "curriculum": dict(
+        steps=2400, batch=16, lr=3e-2, dense=True, schedule="cosine", warmup=40, clip=1.0, long_every=4, long_factor=2
+    ),
     "dense": dict(steps=1600, batch=16, lr=3e-2, dense=True, schedule="cosine", warmup=40, clip=1.0),
     "legacy": dict(steps=400, batch=32, lr=1e-2, dense=False, schedule="constant", warmup=0, clip=0.0),
 }
@@ -97,7 +98,9 @@ def _stack_seeds(task_name: str, m: int, seeds: tuple[int, ...], n: int, factor:
     task = get_task(task_name)
     tid = tuple(TASKS).index(task_name)
     parts = [task.sample(np.random.default_rng([tid, m, factor, split, s]), n, m, factor) for s in seeds]
-    return TaskBatch(*(np.stack([getattr(p, f) for p in parts], 1) for f in ("tokens", "target", "answer", "tolerance")))
+    return TaskBatch(
+        *(np.stack([getattr(p, f) for p in parts], 1) for f in ("tokens", "target", "answer", "tolerance"))
+    )
 
 
 def make_cell_data(task: str, m: int, seeds: tuple[int, ...], cfg: TrainConfig) -> CellData:
@@ -110,8 +113,12 @@ def make_cell_data(task: str, m: int, seeds: tuple[int, ...], cfg: TrainConfig) 
 
 
 def _tensors(b: TaskBatch, sl: slice) -> tuple[torch.Tensor, ...]:
-    return (torch.from_numpy(b.tokens[sl]), torch.from_numpy(b.target[sl]),
-            torch.from_numpy(b.answer[sl]), torch.from_numpy(b.tolerance[sl]))
+    return (
+        torch.from_numpy(b.tokens[sl]),
+        torch.from_numpy(b.target[sl]),
+        torch.from_numpy(b.answer[sl]),
+        torch.from_numpy(b.tolerance[sl]),
+    )
 
 
 @torch.no_grad()
@@ -127,8 +134,16 @@ def evaluate(model: PackedModels, data: TaskBatch, chunk: int = 32) -> tuple[np.
     return torch.cat(mass).mean(0).numpy(), torch.cat(hits).mean(0).numpy()
 
 
-def train_cell(task: str, method: str, dim: int, m: int, seeds: tuple[int, ...], cfg: TrainConfig,
-               data: CellData | None = None, layer_kwargs: dict | None = None) -> list[dict]:
+def train_cell(
+    task: str,
+    method: str,
+    dim: int,
+    m: int,
+    seeds: tuple[int, ...],
+    cfg: TrainConfig,
+    data: CellData | None = None,
+    layer_kwargs: dict | None = None,
+) -> list[dict]:
     """Train and evaluate one model per seed; one record per seed (see module docstring).
     ``layer_kwargs`` override the method's attention-layer arguments (parametrisation variants)."""
     check_method(method)
@@ -138,11 +153,15 @@ def train_cell(task: str, method: str, dim: int, m: int, seeds: tuple[int, ...],
     task_obj = get_task(task)
     model = PackedModels(method, len(seeds), task_obj.vocab_size, dim, cfg.embed_dim, layer_kwargs)
     # each parameter group at its lr multiple (FirstPassageAttention.field_lr_multiplier), as `fpa train` does
-    opt = torch.optim.Adam([{"params": g["params"], "lr": cfg.lr * g["lr_multiplier"]}
-                            for g in parameter_groups(model, weight_decay=0.0)], lr=cfg.lr)
+    opt = torch.optim.Adam(
+        [{"params": g["params"], "lr": cfg.lr * g["lr_multiplier"]} for g in parameter_groups(model, weight_decay=0.0)],
+        lr=cfg.lr,
+    )
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(cfg, step))
     if cfg.long_every and data.train_long is None:
-        raise ValueError("cfg.long_every is set but data has no train_long batches; build it with make_cell_data(..., cfg)")
+        raise ValueError(
+            "cfg.long_every is set but data has no train_long batches; build it with make_cell_data(..., cfg)"
+        )
     sources = [(data.train, task_obj.prefix_answers(data.train.tokens) if cfg.dense else None)]
     if cfg.long_every:
         sources.append((data.train_long, task_obj.prefix_answers(data.train_long.tokens) if cfg.dense else None))
@@ -173,17 +192,36 @@ def train_cell(task: str, method: str, dim: int, m: int, seeds: tuple[int, ...],
         per = {f: (float(results[f][0][s]), float(results[f][1][s])) for f in results}
         mass = min(v[0] for v in per.values())
         acc = min(v[1] for v in per.values())
-        records.append(dict(
-            task=task, method=method, dim=dim, m=m, seed=seed, target_mass=mass, accuracy=acc,
-            success=bool(mass >= MASS_TARGET and acc >= ACC_TARGET),
-            per_length={f"{f}x": {"target_mass": v[0], "accuracy": v[1]} for f, v in per.items()},
-            train_length=int(data.train.tokens.shape[-1]),
-            curve=curve[s], curve_every=cfg.log_every, config=asdict(cfg)))
+        records.append(
+            dict(
+                task=task,
+                method=method,
+                dim=dim,
+                m=m,
+                seed=seed,
+                target_mass=mass,
+                accuracy=acc,
+                success=bool(mass >= MASS_TARGET and acc >= ACC_TARGET),
+                per_length={f"{f}x": {"target_mass": v[0], "accuracy": v[1]} for f, v in per.items()},
+                train_length=int(data.train.tokens.shape[-1]),
+                curve=curve[s],
+                curve_every=cfg.log_every,
+                config=asdict(cfg),
+            )
+        )
     return records
 
 
-def run_grid(tasks: list[str], methods: list[str], dims: list[int], ms: list[int], seeds: list[int],
-             cfg: TrainConfig, progress: bool = True, fpa_kwargs: dict | None = None) -> list[dict]:
+def run_grid(
+    tasks: list[str],
+    methods: list[str],
+    dims: list[int],
+    ms: list[int],
+    seeds: list[int],
+    cfg: TrainConfig,
+    progress: bool = True,
+    fpa_kwargs: dict | None = None,
+) -> list[dict]:
     """Every (task, m, method, d) cell, seeds packed per cell; one record per run. ``fpa_kwargs``
     override the FPA methods' layer arguments (the other methods take none)."""
     for t in tasks:

@@ -73,15 +73,20 @@ def diagnose_seed(model_dir: str, p_dict: dict, failing_cells: list[int]) -> dic
 
 def diagnose_misses(p: ReproducePreset, runs: list[dict], evaluated: dict, stages: Stages, model_dir: dict,
                     run_id: Callable[[dict], str]) -> dict:
-    """{run id: diagnosis} for every core FPA walk run below 100% at 8x (stages ``diagnose-<run>``)."""
-    if 8 not in p.passkey_multiples:
+    """{run id: diagnosis} for every core FPA walk run that passes the 1x control and is below 100%
+    at 8x (stages ``diagnose-<run>``)."""
+    from fpa.experiments.aggregate import CONTROL
+
+    if 8 not in p.passkey_multiples or 1 not in p.passkey_multiples:
         return {}
-    i8 = list(p.passkey_multiples).index(8)
+    i1, i8 = list(p.passkey_multiples).index(1), list(p.passkey_multiples).index(8)
     out = {}
     for r in runs:
         if r["role"] != "core" or r["spec"].base != "fpa-walk":
             continue
         grid = evaluated[f"passkey-{run_id(r)}"]
+        if sum(grid["correct"][i1]) < CONTROL * p.trials * len(p.depths):
+            continue  # never learned the task at 1x: its 8x miss says nothing about extrapolation
         failing = [j for j, c in enumerate(grid["correct"][i8]) if c < p.trials]
         if failing:
             rid = run_id(r)

@@ -30,26 +30,41 @@ from tqdm import tqdm
 
 from fpa.experiments.capacity import TrainConfig, make_cell_data, train_cell
 
-# every variant names its level offset: the default changed on 2026-12-04 (False -> a head offset from 1)
-LEGACY = dict(walk_increment="linear", walk_bias_init=0.0, beta_activation="softplus",
-              level_offset=False)  # the default until 2026-12-03
-TANH = dict(walk_increment="tanh", walk_bias_init=0.0, beta_activation="exp", level_offset=False)  # 2026-12-03
-DEFAULT = dict(TANH, level_offset="head", level_offset_init=1.0)  # the library default since 2026-12-04
+# every variant names its level offset, so a variant means the same whatever the library default
+LEGACY = dict(
+    walk_increment="linear", walk_bias_init=0.0, beta_activation="softplus", level_offset="none"
+)  # FPA parametrisation version 1
+TANH = dict(
+    walk_increment="tanh", walk_bias_init=0.0, beta_activation="exp", level_offset="none"
+)  # version 2, no offset
+DEFAULT = dict(TANH, level_offset="head", level_offset_init=1.0)  # version 2, the library default
 DECAY_INIT = dict(TANH, walk_bias_init=-1.0)  # the walk starts as a decay: no dead zone
 
 
 def label(kw: dict, steps: int) -> str:
     """A variant's name from its layer arguments: 'tanh, exp, bias -1, 1600 steps'."""
     beta0 = f", initial beta {math.log1p(math.exp(kw['beta_init'])):.2f}" if kw.get("beta_init") else ""
-    offset = f", head offset from {kw['level_offset_init']:g}" if kw.get("level_offset") in ("head", True) else ""
-    return f"{kw['walk_increment']}, {kw['beta_activation']}, bias {kw['walk_bias_init']:g}{beta0}{offset}, {steps} steps"
+    offset = f", head offset from {kw['level_offset_init']:g}" if kw.get("level_offset") == "head" else ""
+    return (
+        f"{kw['walk_increment']}, {kw['beta_activation']}, bias {kw['walk_bias_init']:g}{beta0}{offset}, {steps} steps"
+    )
 
 
 # name -> (layer kwargs, training steps): each factor on its own, against the legacy and the default
-VARIANTS: dict[str, tuple[dict, int]] = {label(kw, n): (kw, n) for kw, n in (
-    (LEGACY, 800), (LEGACY, 1600), (TANH, 1600), (TANH, 2400), (DECAY_INIT, 800), (DECAY_INIT, 1600),
-    (DECAY_INIT, 2400), (dict(DECAY_INIT, walk_increment="linear"), 1600),
-    (dict(DECAY_INIT, beta_activation="softplus"), 1600))}
+VARIANTS: dict[str, tuple[dict, int]] = {
+    label(kw, n): (kw, n)
+    for kw, n in (
+        (LEGACY, 800),
+        (LEGACY, 1600),
+        (TANH, 1600),
+        (TANH, 2400),
+        (DECAY_INIT, 800),
+        (DECAY_INIT, 1600),
+        (DECAY_INIT, 2400),
+        (dict(DECAY_INIT, walk_increment="linear"), 1600),
+        (dict(DECAY_INIT, beta_activation="softplus"), 1600),
+    )
+}
 # (task, m, d): small and large stacks, and one cell of each other task
 CELLS = (("stack", 2, 1), ("stack", 16, 4), ("stack", 32, 8), ("calls", 4, 1), ("scope", 4, 8))
 SEEDS = tuple(range(30, 38))  # never used by the grids (0-4) or the quick preset (0-2)
@@ -65,13 +80,28 @@ def run(variants: dict[str, tuple] = VARIANTS, cells=CELLS, seeds=SEEDS, progres
         cfg = TrainConfig(steps=steps, **(train_kw[0] if train_kw else {}))
         for task, m, d in cells:
             bar.set_postfix_str(f"{name} {task} m={m} d={d}")
-            recs = train_cell(task, "fpa_walk", d, m, tuple(seeds), cfg, make_cell_data(task, m, tuple(seeds), cfg),
-                              layer_kwargs=kw)
-            per = {f: {k: [r["per_length"][f][k] for r in recs] for k in ("target_mass", "accuracy")} for f in ("1x", "4x")}
+            recs = train_cell(
+                task, "fpa_walk", d, m, tuple(seeds), cfg, make_cell_data(task, m, tuple(seeds), cfg), layer_kwargs=kw
+            )
+            per = {
+                f: {k: [r["per_length"][f][k] for r in recs] for k in ("target_mass", "accuracy")} for f in ("1x", "4x")
+            }
             stuck = sum(r["per_length"]["1x"]["target_mass"] < 0.5 for r in recs)
-            rows.append(dict(variant=name, layer_kwargs=kw, steps=steps, train_overrides=train_kw[0] if train_kw else {},
-                             task=task, m=m, dim=d, seeds=list(seeds),
-                             success=sum(r["success"] for r in recs), stuck=stuck, per_length=per))
+            rows.append(
+                dict(
+                    variant=name,
+                    layer_kwargs=kw,
+                    steps=steps,
+                    train_overrides=train_kw[0] if train_kw else {},
+                    task=task,
+                    m=m,
+                    dim=d,
+                    seeds=list(seeds),
+                    success=sum(r["success"] for r in recs),
+                    stuck=stuck,
+                    per_length=per,
+                )
+            )
             bar.update()
     bar.close()
     return rows
@@ -80,29 +110,39 @@ def run(variants: dict[str, tuple] = VARIANTS, cells=CELLS, seeds=SEEDS, progres
 def to_markdown(rows: list[dict]) -> str:
     cells = list(dict.fromkeys((r["task"], r["m"], r["dim"]) for r in rows))
     n = len(rows[0]["seeds"])
-    lines = [f"# FPA walk diagnostic: successes out of {n} fresh seeds ({rows[0]['seeds'][0]}-{rows[0]['seeds'][-1]})", "",
-             "Success: target mass and accuracy >= 0.99 at 1x and 4x. In brackets: runs stuck at 1x target mass < 0.5 "
-             "(the walk never formed), then the median 4x target mass.", "",
-             "| variant | " + " | ".join(f"{t} m={m} d={d}" for t, m, d in cells) + " | total |",
-             "|---|" + "---|" * (len(cells) + 1)]
+    lines = [
+        f"# FPA walk diagnostic: successes out of {n} fresh seeds ({rows[0]['seeds'][0]}-{rows[0]['seeds'][-1]})",
+        "",
+        "Success: target mass and accuracy >= 0.99 at 1x and 4x. In brackets: runs stuck at 1x target mass < 0.5 "
+        "(the walk never formed), then the median 4x target mass.",
+        "",
+        "| variant | " + " | ".join(f"{t} m={m} d={d}" for t, m, d in cells) + " | total |",
+        "|---|" + "---|" * (len(cells) + 1),
+    ]
     for name in dict.fromkeys(r["variant"] for r in rows):
         mine = {(r["task"], r["m"], r["dim"]): r for r in rows if r["variant"] == name}
         tot = sum(r["success"] for r in mine.values())
-        vals = [f"{mine[c]['success']} ({mine[c]['stuck']}; {np.median(mine[c]['per_length']['4x']['target_mass']):.3f})"
-                for c in cells]
+        vals = [
+            f"{mine[c]['success']} ({mine[c]['stuck']}; {np.median(mine[c]['per_length']['4x']['target_mass']):.3f})"
+            for c in cells
+        ]
         lines.append(f"| {name} | " + " | ".join(vals) + f" | {tot}/{n * len(cells)} |")
     return "\n".join(lines) + "\n"
 
 
 def report_rounds(rounds: list[tuple[str, list[dict]]]) -> str:
-    """One markdown document: a heading and a table per (note, rows) round."""
-    md = ["# Why one-layer FPA walk heads missed: the diagnostic", "",
-          "Produced by `fpa.experiments.diagnostic` (`python -m fpa.experiments.diagnostic --out DIR` reruns round 1 with "
-          "the current variant list): FPA walk only, 8 seeds never used elsewhere (30-37), the dense recipe "
-          "(lr 3e-2, batch 16). A variant is: walk increment (linear or tanh), beta activation (softplus or "
-          "exp), increment bias at initialisation, training steps. 'linear, softplus, bias 0' is the "
-          "parametrisation of the committed 800-step grid; 'tanh, exp, bias 0' the default of 2026-12-03; the "
-          "library default is now 'tanh, exp, bias 0, head offset from 1' (round 7).", ""]
+    """One markdown document: a heading and a table per (note, rows) set of variants."""
+    md = [
+        "# Why one-layer FPA walk heads missed: the diagnostic",
+        "",
+        "Produced by `fpa.experiments.diagnostic` (`python -m fpa.experiments.diagnostic --out DIR` runs set 1 "
+        "with the current variant list): FPA walk only, 8 seeds never used elsewhere (30-37), the dense recipe "
+        "(lr 3e-2, batch 16). A variant is: walk increment (linear, tanh or gated), beta activation (softplus "
+        "or exp), increment bias at initialisation, level offset, training steps. 'linear, softplus, bias 0' "
+        "is FPA parametrisation version 1 (the 800-step grid); 'tanh, exp, bias 0' is version 2 without its "
+        "level offset; the library default (version 2) is 'tanh, exp, bias 0, head offset from 1'.",
+        "",
+    ]
     for note, rows in rounds:
         md += ["## " + note, "", to_markdown(rows).split("\n", 2)[2]]
     return "\n".join(md)

@@ -126,7 +126,7 @@ def plot_paired(diffs: dict[str, dict], path: str | Path, title: str) -> None:
     """Per-seed paired differences (dots) with their mean and 95% interval (bar), one column per
     comparison. diffs[label] = {"diffs", "mean_diff", "ci95"} (already in display units)."""
     fig, ax = _figure(figsize=(6.5, 4))
-    for i, (label, d) in enumerate(diffs.items()):
+    for i, d in enumerate(diffs.values()):
         x = np.full(len(d["diffs"]), i) + np.linspace(-0.12, 0.12, max(1, len(d["diffs"])))
         ax.scatter(x, d["diffs"], s=14, color="tab:blue", alpha=0.7, label="one seed" if i == 0 else None)
         lo, hi = d["ci95"]

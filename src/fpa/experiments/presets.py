@@ -71,8 +71,11 @@ TUNING_GRID = (
     _spec("fpa-walk", "offset=none", {"fpa_level_offset": "none"}),
     _spec("fpa-walk", "offset=head0", {"fpa_level_offset": "head", "fpa_level_offset_init": 0.0}),
     _spec("fpa-walk", "offset=head1", {"fpa_level_offset": "head", "fpa_level_offset_init": 1.0}),
-    _spec("fpa-walk", "offset=head1,field_lr=0.1",
-          {"fpa_level_offset": "head", "fpa_level_offset_init": 1.0, "fpa_field_lr_multiplier": 0.1}),
+    _spec(
+        "fpa-walk",
+        "offset=head1,field_lr=0.1",
+        {"fpa_level_offset": "head", "fpa_level_offset_init": 1.0, "fpa_field_lr_multiplier": 0.1},
+    ),
     _spec("fox", "bias=0", {"fox_fgate_bias_init": 0.0}),
     _spec("fox", "bias=2", {"fox_fgate_bias_init": 2.0}),
     _spec("fox", "bias=5", {"fox_fgate_bias_init": 5.0}),
@@ -100,7 +103,12 @@ def selected_specs(selected: dict[str, tuple[str, float]]) -> tuple[tuple[Method
 
 
 # FoX as the library configures it by default (bias 5) is context, beside the tuned FoX.
-CONTEXT = (_spec("fpa-free"), _spec("softmax-rope"), _spec("softmax-alibi"), _spec("fox", "bias=5", {"fox_fgate_bias_init": 5.0}))
+CONTEXT = (
+    _spec("fpa-free"),
+    _spec("softmax-rope"),
+    _spec("softmax-alibi"),
+    _spec("fox", "bias=5", {"fox_fgate_bias_init": 5.0}),
+)
 
 # Variants studied beside the headline (`--preset cpu-ablations`), each with its seed count in
 # its own report: eviction in the training loop and a per-token level offset.
@@ -168,15 +176,17 @@ class ReproducePreset:
         for name in ("core", "context", "tuning"):
             specs = getattr(self, name)
             if any(isinstance(s, dict) for s in specs):
-                object.__setattr__(self, name, tuple(MethodSpec.from_dict(s) if isinstance(s, dict) else s
-                                                     for s in specs))
+                object.__setattr__(
+                    self, name, tuple(MethodSpec.from_dict(s) if isinstance(s, dict) else s for s in specs)
+                )
         if self.core and not self.seeds:
             raise ValueError(f"preset {self.name!r}: core methods need seeds")
         if self.tuning and not self.tuning_seeds:
             raise ValueError(f"preset {self.name!r}: a tuning grid needs tuning_seeds")
         if set(self.seeds) & set(self.tuning_seeds):
-            raise ValueError(f"preset {self.name!r}: reported seeds {self.seeds} overlap the tuning seeds "
-                             f"{self.tuning_seeds}")
+            raise ValueError(
+                f"preset {self.name!r}: reported seeds {self.seeds} overlap the tuning seeds {self.tuning_seeds}"
+            )
         missing = [s.name for s in self.core if s.base in ("fpa-walk", "fox") and s.name not in self.taus]
         if missing:
             raise ValueError(f"preset {self.name!r}: no frozen eviction tau for {missing}")
@@ -199,41 +209,110 @@ _CPU_CORE, _CPU_TAUS = selected_specs(SELECTED_CPU)
 # three sequences in four replaced by a task sample (a passkey prompt, or copy lines "S is S.", a
 # third of them). Evaluation: 1x-16x the training length, 20 needle depths x 2 prompts per length.
 _CPU = dict(
-    train_len=128, steps=1000, batch_size=32, lr=3e-3, warmup_steps=50, mix_rate=0.75, mix_task="passkey+copy",
-    corpus_max_bytes=20_000_000, loss_multiple=8, loss_windows=32, passkey_multiples=(1, 2, 4, 8, 16),
-    depths=tuple(round(i / 19, 4) for i in range(20)), trials=2, chunk_size=128, eval_every=100,
+    train_len=128,
+    steps=1000,
+    batch_size=32,
+    lr=3e-3,
+    warmup_steps=50,
+    mix_rate=0.75,
+    mix_task="passkey+copy",
+    corpus_max_bytes=20_000_000,
+    loss_multiple=8,
+    loss_windows=32,
+    passkey_multiples=(1, 2, 4, 8, 16),
+    depths=tuple(round(i / 19, 4) for i in range(20)),
+    trials=2,
+    chunk_size=128,
+    eval_every=100,
     model_overrides=dict(num_hidden_layers=2, hidden_size=64, intermediate_size=176),
 )
 
 PRESETS = {
     # CI: every stage, every file, seconds. Too small to learn anything; checks the plumbing.
     "smoke": ReproducePreset(
-        name="smoke", train_len=128, steps=4, batch_size=4, lr=2e-3, warmup_steps=1, mix_rate=0.5,
-        corpus_max_bytes=400_000, loss_multiple=4, loss_windows=2, passkey_multiples=(1, 2), depths=(0.0, 1.0),
-        trials=2, chunk_size=64, core=_CPU_CORE, taus=_CPU_TAUS, seeds=(5, 6), context=CONTEXT[:1],
-        context_seeds=(5,), cache_thresholds=(4.0, 16.0), growth_lengths=(128, 256, 512),
-        model_overrides=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
-                             intermediate_size=64)),
+        name="smoke",
+        train_len=128,
+        steps=4,
+        batch_size=4,
+        lr=2e-3,
+        warmup_steps=1,
+        mix_rate=0.5,
+        corpus_max_bytes=400_000,
+        loss_multiple=4,
+        loss_windows=2,
+        passkey_multiples=(1, 2),
+        depths=(0.0, 1.0),
+        trials=2,
+        chunk_size=64,
+        core=_CPU_CORE,
+        taus=_CPU_TAUS,
+        seeds=(5, 6),
+        context=CONTEXT[:1],
+        context_seeds=(5,),
+        cache_thresholds=(4.0, 16.0),
+        growth_lengths=(128, 256, 512),
+        model_overrides=dict(
+            hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2, intermediate_size=64
+        ),
+    ),
     "cpu-tune": ReproducePreset(name="cpu-tune", tuning=TUNING_GRID, tuning_seeds=(0, 1, 2), **_CPU),
-    "cpu": ReproducePreset(name="cpu", core=_CPU_CORE, taus=_CPU_TAUS, seeds=tuple(range(10, 20)),
-                           tuning_seeds=(0, 1, 2), tuning_source="results/tune-cpu", eval_batch_size=40, **_CPU),
+    "cpu": ReproducePreset(
+        name="cpu",
+        core=_CPU_CORE,
+        taus=_CPU_TAUS,
+        seeds=tuple(range(10, 20)),
+        tuning_seeds=(0, 1, 2),
+        tuning_source="results/tune-cpu",
+        eval_batch_size=40,
+        **_CPU,
+    ),
     # The context methods, on 3 of the reported seeds, in their own folder (results/reproduce-cpu-context):
     # not tuned, not paired.
-    "cpu-context": ReproducePreset(name="cpu-context", context=CONTEXT, context_seeds=(10, 11, 12),
-                                   eval_batch_size=40, **_CPU),
-    "cpu-ablations": ReproducePreset(name="cpu-ablations", context=ABLATIONS, context_seeds=(10, 11, 12),
-                                     eval_batch_size=40, **_CPU),
+    "cpu-context": ReproducePreset(
+        name="cpu-context", context=CONTEXT, context_seeds=(10, 11, 12), eval_batch_size=40, **_CPU
+    ),
+    "cpu-ablations": ReproducePreset(
+        name="cpu-ablations", context=ABLATIONS, context_seeds=(10, 11, 12), eval_batch_size=40, **_CPU
+    ),
     # The GPU recipe (one node, torchrun; docs/reproduce.md): the 110M model, 2048-token training,
     # with the CPU selection (not tuned at this scale).
     "110m": ReproducePreset(
-        name="110m", train_len=2048, steps=20_000, batch_size=256, lr=1e-3, warmup_steps=1000, mix_rate=0.02,
-        corpus_max_bytes=None, loss_multiple=8, loss_windows=64, passkey_multiples=(1, 2, 4, 8, 16),
-        depths=tuple(round(i / 19, 4) for i in range(20)), trials=2, chunk_size=2048, grad_accum=8, device="cuda",
-        model_preset="110m", tokenizer="bpe", core=_CPU_CORE, taus=_CPU_TAUS, seeds=(10, 11, 12),
-        growth_lengths=(16384, 32768, 65536, 131072), eval_every=1000),
+        name="110m",
+        train_len=2048,
+        steps=20_000,
+        batch_size=256,
+        lr=1e-3,
+        warmup_steps=1000,
+        mix_rate=0.02,
+        corpus_max_bytes=None,
+        loss_multiple=8,
+        loss_windows=64,
+        passkey_multiples=(1, 2, 4, 8, 16),
+        depths=tuple(round(i / 19, 4) for i in range(20)),
+        trials=2,
+        chunk_size=2048,
+        grad_accum=8,
+        device="cuda",
+        model_preset="110m",
+        tokenizer="bpe",
+        core=_CPU_CORE,
+        taus=_CPU_TAUS,
+        seeds=(10, 11, 12),
+        growth_lengths=(16384, 32768, 65536, 131072),
+        eval_every=1000,
+    ),
 }
-PRESETS["smoke-tune"] = replace(PRESETS["smoke"], name="smoke-tune", core=(), taus={}, seeds=(), context=(),
-                                context_seeds=(), tuning=TUNING_GRID[::2], tuning_seeds=(0,))
+PRESETS["smoke-tune"] = replace(
+    PRESETS["smoke"],
+    name="smoke-tune",
+    core=(),
+    taus={},
+    seeds=(),
+    context=(),
+    context_seeds=(),
+    tuning=TUNING_GRID[::2],
+    tuning_seeds=(0,),
+)
 
 
 def get_preset(name: str) -> ReproducePreset:

@@ -4,7 +4,7 @@
     fpa synth --preset quick --out DIR       # every task, a small slice (<= 5 minutes on 2 cores)
     fpa synth --preset full --out DIR        # the full grid
 
-Writes DIR/results.json (meta + one record per run), results.md, heatmap_<task>.png,
+Writes DIR/results.json.gz (meta + one record per run; compact JSON, gzip), results.md, heatmap_<task>.png,
 curves_<task>.png and constructive.json / constructive.md (P4 by construction, no training).
 Explicit options override the preset's values. ``--recipe curriculum`` (default), ``dense`` or
 ``legacy`` picks the training recipe, the same for every method (see ``fpa.experiments.capacity.RECIPES``).
@@ -57,8 +57,10 @@ def _names(name: str, text: str, allowed) -> list[str]:
 
 
 def _fpa_kwargs(text: str | None, methods: list[str]) -> dict | None:
-    """--fpa-kwargs: a JSON object of FirstPassageAttention arguments for the FPA methods, checked
-    by building each FPA method's layer with them before any training."""
+    """--fpa-kwargs: a JSON object of FPA arguments under their FPAConfig names (``fpa_level_offset``,
+    ``fpa_level_offset_init``, ...; fpa.layers.FPA_CONFIG_FIELDS, the names ``fpa train
+    --model-overrides`` takes) for the FPA methods, checked by building each FPA method's layer
+    with them before any training."""
     if text is None:
         return None
     import json
@@ -77,7 +79,7 @@ def _fpa_kwargs(text: str | None, methods: list[str]) -> dict | None:
     for m in fpa:
         try:
             fpa_parametrisation(m, kw)
-        except TypeError as e:  # an argument FirstPassageAttention does not take
+        except (TypeError, ValueError) as e:
             raise ValueError(f"--fpa-kwargs: {e}") from None
     return kw
 
@@ -91,7 +93,8 @@ def _resolve(args: argparse.Namespace) -> dict:
         val = getattr(args, key)
         if val is None:
             if key not in base:
-                raise ValueError(f"--{key.replace('_', '-')} is required without --preset (or give --preset quick|full)")
+                raise ValueError(f"--{key.replace('_', '-')} is required without --preset "
+                                 f"(or give --preset quick|full)")
             val = base[key]
         out[key] = val
     return out
@@ -151,16 +154,19 @@ def _run(args, o, tasks, methods, dims, ms, seeds, recipe, out) -> int:
 
     from fpa.data.atomic import atomic_write_bytes
     from fpa.experiments.capacity import TrainConfig, run_grid
+    from fpa.experiments.synth_report import write_all
+    from fpa.layers.attention import config_layer_kwargs
     from fpa.tasks.construct import constructive_check
     from fpa.tasks.packed import fpa_parametrisation
-    from fpa.experiments.synth_report import write_all
 
     cfg = TrainConfig(**recipe)
-    fkw = o["fpa_kwargs"]
-    records = run_grid(tasks, methods, dims, ms, seeds, cfg, progress=not args.no_progress, fpa_kwargs=fkw)
+    fkw = o["fpa_kwargs"]  # FPAConfig names; run_grid takes the layer's
+    records = run_grid(tasks, methods, dims, ms, seeds, cfg, progress=not args.no_progress,
+                       fpa_kwargs=None if fkw is None else config_layer_kwargs(fkw))
     meta = dict(tasks=tasks, methods=methods, dims=dims, ms=ms, seeds=seeds, preset=args.preset, recipe=args.recipe,
                 config=dataclasses.asdict(cfg),
-                fpa_kwargs=fkw, fpa_parametrisation={m: fpa_parametrisation(m, fkw) for m in methods if m.startswith("fpa")})
+                fpa_kwargs=fkw,
+                fpa_parametrisation={m: fpa_parametrisation(m, fkw) for m in methods if m.startswith("fpa")})
     files = write_all(records, out, meta)
     if int(o["construct_n"]) > 0:
         checks = [constructive_check(t, n=int(o["construct_n"])) for t in tasks]
@@ -179,24 +185,26 @@ def _run(args, o, tasks, methods, dims, ms, seeds, recipe, out) -> int:
 
 def _merge(args: argparse.Namespace) -> int:
     """Write the records of several run folders (a grid split across processes) as one run."""
-    import json
     from pathlib import Path
 
     from fpa.cli import writable_dir
-    from fpa.experiments.synth_report import write_all
+    from fpa.experiments.synth_report import read_results, results_path, write_all
 
     dirs = [Path(d.strip()) for d in args.merge.split(",") if d.strip()]
-    missing = [str(d) for d in dirs if not (d / "results.json").is_file()]
+    missing = [str(d) for d in dirs if results_path(d) is None]
     if not dirs or missing:
-        raise ValueError(f"--merge must list run folders that hold results.json; missing: {missing or args.merge!r}")
+        raise ValueError(f"--merge must list run folders that hold results.json.gz (or results.json); "
+                         f"missing: {missing or args.merge!r}")
     writable_dir(args.out, "--out")
-    runs = [json.loads((d / "results.json").read_text()) for d in dirs]
+    runs = [read_results(d) for d in dirs]
     records = [r for run in runs for r in run["records"]]
     seen = {(r["task"], r["method"], r["dim"], r["m"], r["seed"]) for r in records}
     if len(seen) != len(records):
         raise ValueError("--merge: the folders hold the same (task, method, d, m, seed) run twice")
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    meta = dict(merged_from=[str(d) for d in dirs], parts=[run["meta"] for run in runs])
+    cwd = Path.cwd().resolve()  # record folders under the working directory relative to it
+    meta = dict(merged_from=[str(d.resolve().relative_to(cwd)) if d.resolve().is_relative_to(cwd) else str(d)
+                             for d in dirs], parts=[run["meta"] for run in runs])
     files = write_all(records, Path(args.out), meta)
     print(f"merged {len(records)} runs from {len(dirs)} folders; wrote " + ", ".join(str(f) for f in files))
     return 0
@@ -222,8 +230,10 @@ def add_parser(sub) -> None:
     p.add_argument("--preset", choices=tuple(PRESETS), help="defaults for every option not given")
     p.add_argument("--threads", type=int, default=1, help="torch threads (>= 1)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--fpa-kwargs", help="JSON object of FirstPassageAttention arguments for the FPA methods "
-                   "(parametrisation variants), e.g. '{\"level_offset_init\": 2.0}'; recorded in results.json")
+    p.add_argument("--fpa-kwargs", help="JSON object of FPA arguments under their FPAConfig names for the FPA "
+                   "methods (parametrisation variants), e.g. '{\"fpa_level_offset_init\": 2.0}' or "
+                   "'{\"fpa_level_offset\": \"none\"}' (docs/fpa.md, \"Parametrisation and its versions\"); "
+                   "recorded in results.json.gz")
     p.add_argument("--merge", help="comma list of run folders: write their records together to --out, no training")
     p.add_argument("--out", required=True, help="output folder (removed again if this run made it and fails)")
     p.set_defaults(func=_synth)

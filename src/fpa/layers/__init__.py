@@ -2,6 +2,7 @@
 
 from fpa.layers.attention import (
     ATTENTION_TYPES,
+    FPA_CONFIG_FIELDS,
     FPA_MODES,
     LEVEL_OFFSETS,
     AttentionBase,
@@ -11,11 +12,13 @@ from fpa.layers.attention import (
     SoftmaxAttention,
     SwiGLU,
     TransformerBlock,
+    config_layer_kwargs,
     make_attention,
 )
 
 __all__ = [
     "ATTENTION_TYPES",
+    "FPA_CONFIG_FIELDS",
     "FPA_MODES",
     "LEVEL_OFFSETS",
     "AttentionBase",
@@ -25,5 +28,6 @@ __all__ = [
     "SoftmaxAttention",
     "SwiGLU",
     "TransformerBlock",
+    "config_layer_kwargs",
     "make_attention",
 ]

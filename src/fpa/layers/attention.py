@@ -17,18 +17,25 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fpa.cache.layer import LayerCache, LayerInfo
-from fpa.cache.paged import alibi_past_bias
-from fpa.cache.weights import attention_weights, causal_block_mask
 from fpa.layers.base import AttentionBase, RMSNorm, SwiGLU, layer_state
-from fpa.layers.first_passage import (BETA_ACTIVATIONS, FPA_MODES, LEVEL_OFFSETS, WALK_INCREMENTS,
-                                      FirstPassageAttention)
+from fpa.layers.first_passage import (
+    BETA_ACTIVATIONS,
+    FPA_CONFIG_FIELDS,
+    FPA_MODES,
+    LEVEL_OFFSETS,
+    WALK_INCREMENTS,
+    FirstPassageAttention,
+    config_layer_kwargs,
+)
 from fpa.layers.fpa_form import continue_walk, dense_weights, fpa_cached, pad_out
 from fpa.ops import first_passage_attention, forgetting_attention
+from fpa.ops.cached.paged import alibi_past_bias
+from fpa.ops.cached.state import LayerInfo, LayerState
+from fpa.ops.cached.weights import attention_weights, causal_block_mask
 
-__all__ = ["ATTENTION_TYPES", "BETA_ACTIVATIONS", "FPA_MODES", "LEVEL_OFFSETS", "WALK_INCREMENTS", "AttentionBase",
-           "FirstPassageAttention", "ForgettingAttention", "RMSNorm", "SoftmaxAttention", "SwiGLU",
-           "TransformerBlock", "alibi_slopes", "layer_state", "make_attention", "rope"]
+__all__ = ["ATTENTION_TYPES", "BETA_ACTIVATIONS", "FPA_CONFIG_FIELDS", "FPA_MODES", "LEVEL_OFFSETS", "WALK_INCREMENTS",
+           "AttentionBase", "FirstPassageAttention", "ForgettingAttention", "RMSNorm", "SoftmaxAttention", "SwiGLU",
+           "TransformerBlock", "alibi_slopes", "config_layer_kwargs", "layer_state", "make_attention", "rope"]
 
 ATTENTION_TYPES = ("fpa", "fox", "softmax_rope", "softmax_alibi", "softmax_nope")
 
@@ -62,7 +69,10 @@ class ForgettingAttention(AttentionBase):
         if state is not None:
             return fpa_cached(q, k, v, field, level, 1.0, state, "auto", mask, pos, need_weights)
         # P2: FoX is FPA with field = level = cumsum(log f) and beta = 1
-        o = forgetting_attention(q, k, v, log_f) if mask is None else first_passage_attention(q, k, v, field, level, beta=1.0)
+        if mask is None:
+            o = forgetting_attention(q, k, v, log_f)
+        else:
+            o = first_passage_attention(q, k, v, field, level, beta=1.0)
         return o, (dense_weights(q, k, field, level, 1.0) if need_weights else None)
 
 
@@ -75,7 +85,8 @@ def rope(x: Tensor, pos: Tensor, theta: float) -> Tensor:
     """
     d = x.shape[-1]
     h = d // 2
-    inv = 1.0 / (theta ** (torch.arange(h, device=x.device, dtype=torch.float32) * 2 / (2 * h))) if h else x.new_zeros(0).float()
+    inv = (1.0 / (theta ** (torch.arange(h, device=x.device, dtype=torch.float32) * 2 / (2 * h))) if h
+           else x.new_zeros(0).float())
     ang = pos.float()[..., None] * inv  # (T, d // 2) or (B, T, d // 2)
     cos, sin = ang.cos(), ang.sin()
     if pos.dim() == 2:
@@ -170,7 +181,8 @@ def make_attention(attention: str, hidden_size: int, num_heads: int, num_kv_head
     if attention == "fox":
         return ForgettingAttention(hidden_size, num_heads, num_kv_heads, **common, **kw)
     if attention.startswith("softmax_") and attention in ATTENTION_TYPES:
-        return SoftmaxAttention(hidden_size, num_heads, num_kv_heads, position=attention[len("softmax_"):], **common, **kw)
+        return SoftmaxAttention(hidden_size, num_heads, num_kv_heads, position=attention[len("softmax_"):],
+                                **common, **kw)
     raise ValueError(f"attention must be one of {ATTENTION_TYPES}, got {attention!r}")
 
 
@@ -185,7 +197,7 @@ class TransformerBlock(nn.Module):
         self.mlp_norm = RMSNorm(hidden_size, eps)
         self.mlp = SwiGLU(hidden_size, intermediate_size)
 
-    def forward(self, x: Tensor, state: LayerCache | dict | None = None, attention_mask: Tensor | None = None,
+    def forward(self, x: Tensor, state: LayerState | dict | None = None, attention_mask: Tensor | None = None,
                 position_ids: Tensor | None = None, output_attentions: bool = False):
         """x (B, T, hidden) -> (B, T, hidden), or (that, attention weights) with output_attentions."""
         a = self.attn(self.attn_norm(x), state, attention_mask, position_ids, output_attentions)
@@ -194,7 +206,3 @@ class TransformerBlock(nn.Module):
         x = x + self.mlp(self.mlp_norm(x))
         return (x, w) if output_attentions else x
 
-
-import fpa as _fpa  # noqa: E402
-
-_fpa._finish_registration()  # Auto-class registration, if importing transformers here came first

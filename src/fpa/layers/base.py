@@ -1,8 +1,9 @@
 """The shared pieces of the attention family: RMSNorm, SwiGLU and the projection base class.
 
-Every attention module takes hidden states (B, T, hidden) and an optional per-layer cache
-state (a dict, filled in place) and returns (B, T, hidden). With a state, the T new tokens
-are appended after the cached ones (incremental decoding or chunked prefill).
+Every attention module takes hidden states (B, T, hidden) and an optional per-layer cache state
+(a fpa.ops.cached.LayerState, e.g. an fpa.cache.LayerCache, or a plain dict, which then keeps
+a LayerState, filled in place) and returns (B, T, hidden). With a state, the T new tokens are
+appended after the cached ones (incremental decoding or chunked prefill).
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fpa.cache.layer import LayerCache, LayerInfo
+from fpa.ops.cached.state import LayerInfo, LayerState
+
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float = 1e-6):
@@ -36,13 +38,15 @@ class SwiGLU(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
-def layer_state(state: LayerCache | dict | None) -> LayerCache | None:
-    """The LayerCache to use: ``state`` itself, or one kept in a plain dict under "layer"."""
-    if state is None or isinstance(state, LayerCache):
+def layer_state(state: LayerState | dict | None) -> LayerState | None:
+    """The decoding state to use: ``state`` itself (a LayerState, e.g. an fpa.cache.LayerCache),
+    or one kept in a plain dict under "layer"."""
+    if state is None or isinstance(state, LayerState):
         return state
     if isinstance(state, dict):
-        return state.setdefault("layer", LayerCache())
-    raise ValueError(f"state must be a fpa.cache.LayerCache, a dict or None, got {type(state).__name__}")
+        return state.setdefault("layer", LayerState())
+    raise ValueError(f"state must be a fpa.cache.LayerCache (a fpa.ops.cached.LayerState), a dict or None, "
+                     f"got {type(state).__name__}")
 
 
 class AttentionBase(nn.Module):
@@ -52,8 +56,9 @@ class AttentionBase(nn.Module):
     q (B, Hq, T, D), k, v (B, Hkv, T, D) for the new tokens only; ``offset`` is the number of tokens
     seen before; mask (B, T) bool (False = padding) or None; pos (B, T) positions or None; they
     return (output (B, Hq, T, D), weights (B, Hq, T, Tk) or None). ``state`` is a
-    fpa.cache.LayerCache (or None): the subclass reads the cached keys from it and appends the new
-    ones (LayerCache.append), which advances its length.
+    fpa.ops.cached.LayerState (an fpa.cache.LayerCache inside an FPACache) or None: the subclass
+    attends over the cached keys and appends the new ones (LayerState.attend), which advances its
+    length.
     """
 
     def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int | None = None,
@@ -69,7 +74,8 @@ class AttentionBase(nn.Module):
             if hidden_size % num_heads:
                 raise ValueError(f"hidden_size ({hidden_size}) must be divisible by num_heads ({num_heads})")
             head_dim = hidden_size // num_heads
-        self.hidden_size, self.num_heads, self.num_kv_heads, self.head_dim = hidden_size, num_heads, num_kv_heads, head_dim
+        self.hidden_size, self.num_heads = hidden_size, num_heads
+        self.num_kv_heads, self.head_dim = num_kv_heads, head_dim
         self.q_proj = nn.Linear(hidden_size, num_heads * head_dim, bias=bias)
         self.k_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=bias)
         self.v_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=bias)
@@ -105,7 +111,7 @@ class AttentionBase(nn.Module):
         return LayerInfo(kind="softmax", groups=self.num_heads // self.num_kv_heads,
                          content_bound=self.content_bound())
 
-    def forward(self, x: Tensor, state: LayerCache | dict | None = None, attention_mask: Tensor | None = None,
+    def forward(self, x: Tensor, state: LayerState | dict | None = None, attention_mask: Tensor | None = None,
                 position_ids: Tensor | None = None, output_attentions: bool = False):
         """x (B, T, hidden) -> (B, T, hidden), or (that, weights (B, Hq, T, Tk)) with output_attentions.
 

@@ -10,37 +10,55 @@ token, so a key whose offset is positive dips as soon as anything after it stays
 
 from __future__ import annotations
 
+import difflib
 import math
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fpa.cache.layer import LayerCache, LayerInfo
 from fpa.layers.base import AttentionBase
-from fpa.layers.fpa_form import (continue_walk, dense_weights, evicting_attention, evicting_bias, fpa_cached,
-                                 pad_out)
+from fpa.layers.fpa_form import continue_walk, dense_weights, evicting_attention, evicting_bias, fpa_cached, pad_out
 from fpa.ops import first_passage_attention
+from fpa.ops.cached.state import LayerInfo, LayerState
 
 FPA_MODES = ("free", "walk")
 WALK_INCREMENTS = ("linear", "tanh", "gated")
 BETA_ACTIVATIONS = ("softplus", "exp")
-LEVEL_OFFSETS = (False, True, "none", "head", "token")  # True = "head", False = "none"
+LEVEL_OFFSETS = ("none", "head", "token")  # the values FPAConfig.fpa_level_offset takes; the layer also takes "auto"
+
+# The FPAConfig fields that set FirstPassageAttention arguments: each sets the argument of the same
+# name without "fpa_" (fpa_mode is make_attention's own argument, the layer's ``mode``).
+FPA_CONFIG_FIELDS = ("fpa_level_offset", "fpa_level_offset_init", "fpa_level_offset_bias_init", "fpa_beta_init",
+                     "fpa_beta_activation", "fpa_walk_increment", "fpa_walk_bias_init", "fpa_field_lr_multiplier")
 
 
-def check_level_offset(level_offset: bool | str, mode: str) -> str | None:
-    """The kind of level offset a ``level_offset`` argument asks for: None, "head" or "token";
-    "auto" (the layer's default) is "head" in walk mode and None in free mode.
-    ValueError for any other value, or for an offset outside walk mode."""
-    if isinstance(level_offset, str) and level_offset == "auto":
-        return "head" if mode == "walk" else None
+def config_layer_kwargs(fpa_kwargs: dict) -> dict:
+    """FPA arguments under their FPAConfig names (``{"fpa_level_offset": "none"}``, the names
+    ``fpa train --model-overrides`` and ``fpa synth --fpa-kwargs`` take) -> FirstPassageAttention's
+    (``{"level_offset": "none"}``). ValueError naming any other key (and the valid ones)."""
+    unknown = sorted(set(fpa_kwargs) - set(FPA_CONFIG_FIELDS))
+    if unknown:
+        hints = [f"{k!r} (did you mean {m[0]!r}?)" for k in unknown
+                 if (m := difflib.get_close_matches(str(k), FPA_CONFIG_FIELDS, 1, 0.6))]
+        raise ValueError(f"unknown FPA arguments {unknown}" + (f"; {', '.join(hints)}" if hints else "")
+                         + f"; valid: {list(FPA_CONFIG_FIELDS)}")
+    return {k[len("fpa_"):]: v for k, v in fpa_kwargs.items()}
+
+
+def check_level_offset(level_offset: str, mode: str) -> str | None:
+    """The kind of level offset a ``level_offset`` argument asks for: None, "head" or "token".
+    "auto" (the layer's default) is "head" in walk mode and None ("none") in free mode.
+    ValueError for any other value (a bool included: use "none" or "head"), or for an offset
+    outside walk mode."""
     if isinstance(level_offset, bool):
-        kind = "head" if level_offset else None
-    elif isinstance(level_offset, str) and level_offset in LEVEL_OFFSETS:
-        kind = None if level_offset == "none" else level_offset
-    else:
-        raise ValueError(f"level_offset must be 'auto' or one of {LEVEL_OFFSETS} (True means 'head'), "
-                         f"got {level_offset!r}")
+        raise ValueError(f"level_offset must be 'auto' or one of {LEVEL_OFFSETS}, got {level_offset!r}: "
+                         f"use 'none' (was False) or 'head' (was True)")
+    if level_offset == "auto":
+        return "head" if mode == "walk" else None
+    if not isinstance(level_offset, str) or level_offset not in LEVEL_OFFSETS:
+        raise ValueError(f"level_offset must be 'auto' or one of {LEVEL_OFFSETS}, got {level_offset!r}")
+    kind = None if level_offset == "none" else level_offset
     if kind is not None and mode != "walk":
         raise ValueError(f"level_offset={level_offset!r} needs mode='walk' (it offsets the walk's level), "
                          f"got mode={mode!r}; mode='free' has its own level head")
@@ -52,9 +70,9 @@ class FirstPassageAttention(AttentionBase):
 
     mode="free": field and level are separate linear heads of the hidden state (one scalar per
     head and position). mode="walk": field = walk(increments), level = field + offset, the offset
-    set by ``level_offset``: "head" (or True; the default "auto" in walk mode: one learned
-    constant per head, starting at ``level_offset_init``, default 1), False (level = field) or
-    "token" (softplus(u_h . x_t + c_h) per head h and token t, one linear projection hidden ->
+    set by ``level_offset``: "head" (the default "auto" in walk mode: one learned constant per
+    head, starting at ``level_offset_init``, default 1), "none" (level = field) or "token"
+    (softplus(u_h . x_t + c_h) per head h and token t, one linear projection hidden ->
     heads, ``level_offset_proj``; u ~ N(0, field_init_std^2) and c = ``level_offset_bias_init``,
     default -4: the offset starts near softplus(-4) = 0.018). A per-token offset lets a key dip
     (and the cache evict it) while the walk stays on its floor.
@@ -89,11 +107,15 @@ class FirstPassageAttention(AttentionBase):
     (``fpa.train.parameter_groups``, used by ``fpa train``; use it in your own loop too). 0.1 was
     the default of the linear, softplus parametrisation, whose unbounded increments grew noisy
     at the full rate (``fpa.models.configuration_fpa.FPA_PARAMETRISATION_LEGACY``).
+
+    FPAConfig sets these arguments from its ``fpa_*`` fields of the same names (``fpa_mode`` ->
+    ``mode``, ``fpa_level_offset`` -> ``level_offset``, ...; ``config_layer_kwargs``); the
+    parametrisation versions are in docs/fpa.md, "Parametrisation and its versions".
     """
 
     def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int | None = None,
                  mode: str = "free", qk_norm: bool = False, output_gate: bool = False,
-                 head_dim: int | None = None, level_offset: bool | str = "auto", beta_init: float = 0.0,
+                 head_dim: int | None = None, level_offset: str = "auto", beta_init: float = 0.0,
                  field_init_std: float = 0.02, field_lr_multiplier: float = 1.0, backend: str = "auto",
                  walk_increment: str = "tanh", walk_bias_init: float = 0.0, beta_activation: str = "exp",
                  level_offset_bias_init: float = -4.0, level_offset_init: float = 1.0):
@@ -183,11 +205,11 @@ class FirstPassageAttention(AttentionBase):
         return LayerInfo(kind="fpa", groups=self.num_heads // self.num_kv_heads, beta=self.beta.detach(),
                          content_bound=self.content_bound(), mode=self.mode)
 
-    def field_level(self, x: Tensor, state: LayerCache | None = None,
+    def field_level(self, x: Tensor, state: LayerState | None = None,
                     mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """(field, level) (B, H, T) float32 for new tokens x (B, T, hidden); in walk mode continues
         the cached walk, and level = field + the level offset. The cache stores each key's level as
-        computed here (fpa.cache.LayerCache.append), so decoding and eviction use the same levels.
+        computed here (LayerState.append, fpa.ops.cached.state), so decoding and eviction use the same levels.
         mask (B, T) bool: padding positions take no walk step and get field = level = +PAD_BIG
         (never a minimum, never a live key)."""
         if self.mode == "free":

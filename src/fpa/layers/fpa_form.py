@@ -7,10 +7,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from fpa.cache.layer import LayerCache
-from fpa.cache.paged import fpa_past_bias
-from fpa.cache.storage import PAD_BIG
-from fpa.cache.weights import attention_weights, fpa_bias
+from fpa.ops.cached.paged import fpa_past_bias
+from fpa.ops.cached.state import LayerState
+from fpa.ops.cached.storage import PAD_BIG
+from fpa.ops.cached.weights import attention_weights, fpa_bias
 from fpa.ops.field import range_min
 from fpa.ops.softmax import causal_softmax_attention
 
@@ -61,7 +61,7 @@ def evicting_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: flo
     return out, (attention_weights(q, k, bias.detach(), scale) if need_weights else None)
 
 
-def continue_walk(increments: Tensor, state: LayerCache | None) -> Tensor:
+def continue_walk(increments: Tensor, state: LayerState | None) -> Tensor:
     """field = cumsum(increments) (B, H, T), continued from the cached walk's last value."""
     field = torch.cumsum(increments, dim=-1)
     if state is not None:
@@ -71,14 +71,14 @@ def continue_walk(increments: Tensor, state: LayerCache | None) -> Tensor:
     return field
 
 
-def fpa_cached(q, k, v, field, level, beta, state: LayerCache, backend="auto", mask=None, pos=None,
+def fpa_cached(q, k, v, field, level, beta, state: LayerState, backend="auto", mask=None, pos=None,
                 need_weights=False):
     """Cache form of FPA: attend over the paged cache (level and pm_j = min of the field after key j
     up to before the new tokens, docs/fpa.md) and the new keys, then store the new keys. With a
     ``state.chunk_policy`` (a threshold rule with within_chunks=True) a key the rule evicts after
     query i - 1 of this call is hidden from query i on, cached and new keys alike.
     q (B, Hq, T, D), k, v (B, Hkv, T, D), field/level (B, Hq, T) -> ((B, Hq, T, D), weights or None).
-    ``backend`` is unused: the cache is read block by block by fpa.cache.paged."""
+    ``backend`` is unused: the cache is read block by block by fpa.ops.cached.paged."""
     b = beta.detach() if torch.is_tensor(beta) else beta
     tau = None if state.chunk_policy is None else state.chunk_policy.effective_threshold(state)
     if tau is None:

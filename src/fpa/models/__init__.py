@@ -1,10 +1,15 @@
-"""Hugging Face-compatible FPA language models (registered with the Auto classes)."""
+"""Hugging Face-compatible FPA language models.
+
+Importing this package registers them with the transformers Auto classes: after
+``import fpa.models``, ``AutoConfig`` / ``AutoModel`` / ``AutoModelForCausalLM.from_pretrained(folder)``
+load a saved FPA model.
+"""
 
 import torch
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
-from fpa.models.configuration_fpa import PRESETS, FPAConfig
 from fpa.cache import FPACache  # re-exported: the cache lives in fpa.cache
+from fpa.models.configuration_fpa import PRESETS, FPAConfig
 from fpa.models.modeling_fpa import FPAForCausalLM, FPAModel
 
 AutoConfig.register("fpa", FPAConfig, exist_ok=True)

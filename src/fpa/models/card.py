@@ -9,10 +9,11 @@ from pathlib import Path
 from fpa.data.atomic import atomic_write_text
 
 CARD_FILE = "README.md"
-_CONFIG_FIELDS = ("attention", "fpa_mode", "num_hidden_layers", "hidden_size", "num_attention_heads",
-                  "num_key_value_heads", "intermediate_size", "vocab_size", "qk_norm", "output_gate",
-                  "fpa_level_offset", "fpa_level_offset_bias_init", "fpa_level_offset_init", "fpa_walk_increment", "fpa_walk_bias_init",
-                  "fpa_beta_activation", "fpa_field_lr_multiplier", "tie_word_embeddings")
+_CONFIG_FIELDS = ("attention", "fpa_mode", "fpa_parametrisation", "num_hidden_layers", "hidden_size",
+                  "num_attention_heads", "num_key_value_heads", "intermediate_size", "vocab_size", "qk_norm",
+                  "output_gate", "fpa_level_offset", "fpa_level_offset_bias_init", "fpa_level_offset_init",
+                  "fpa_walk_increment", "fpa_walk_bias_init", "fpa_beta_activation", "fpa_field_lr_multiplier",
+                  "tie_word_embeddings")
 
 
 def _fmt(v) -> str:
@@ -28,8 +29,8 @@ def model_card(config, training: dict | None = None, passkey: dict | None = None
     lines = ["---", "library_name: fpa", "tags: [fpa, first-passage-attention, causal-lm]", "---", "",
              f"# FPA language model: {name} attention", "",
              "A decoder-only language model from the `fpa` library (First Passage Attention and its",
-             "baselines). Load it with `import fpa` then `transformers.AutoModelForCausalLM`:", "",
-             "```python", "import fpa  # registers the FPA model type with the Auto classes",
+             "baselines). Load it with `import fpa.models` then `transformers.AutoModelForCausalLM`:", "",
+             "```python", "import fpa.models  # registers the FPA model type with the Auto classes",
              "from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline", "",
              'model = AutoModelForCausalLM.from_pretrained("path/to/this/folder")',
              'tokenizer = AutoTokenizer.from_pretrained("path/to/this/folder")',
@@ -50,7 +51,8 @@ def model_card(config, training: dict | None = None, passkey: dict | None = None
         lines.append("Not recorded.")
     lines += ["", "## Passkey retrieval", ""]
     if passkey:
-        lines += ["| length | accuracy |", "|---|---|"] + [f"| {k} | {100 * float(v):.0f}% |" for k, v in passkey.items()]
+        lines += ["| length | accuracy |", "|---|---|"]
+        lines += [f"| {k} | {100 * float(v):.0f}% |" for k, v in passkey.items()]
     else:
         lines.append("Not evaluated yet (`fpa eval --model FOLDER` measures it).")
     return "\n".join(lines) + "\n"

@@ -17,12 +17,11 @@ from transformers.cache_utils import Cache
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
 from fpa.cache import FPACache
+from fpa.compat import CACHE_ARG, output_cache
 from fpa.layers.attention import RMSNorm, TransformerBlock
 from fpa.models.configuration_fpa import FPAConfig
 
-# transformers >= 5.3 renamed the cache output field and generate argument "past_key_values" to
-# "cache" (the old name still works there, with a deprecation warning): use the installed name.
-CACHE_ARG = "cache" if "cache" in BaseModelOutputWithPast.__dataclass_fields__ else "past_key_values"
+__all__ = ["CACHE_ARG", "FPAForCausalLM", "FPAModel", "cache_signature", "output_cache"]
 
 # What a cache remembers of the model that filled it (FPACache.bind).
 _SIGNATURE_FIELDS = ("attention", "fpa_mode", "num_hidden_layers", "hidden_size", "num_attention_heads",
@@ -30,17 +29,8 @@ _SIGNATURE_FIELDS = ("attention", "fpa_mode", "num_hidden_layers", "hidden_size"
 
 
 def cache_signature(config) -> dict:
-    """What a cache remembers of the model that filled it; fpa_level_offset True and "head" are
-    the same model (one learned constant per head) and sign the same."""
-    sig = {k: getattr(config, k, None) for k in _SIGNATURE_FIELDS}
-    if sig["fpa_level_offset"] is True:
-        sig["fpa_level_offset"] = "head"
-    return sig
-
-
-def output_cache(out) -> Cache | None:
-    """The cache of a model output, under whichever name the installed transformers uses."""
-    return out.get(CACHE_ARG) if hasattr(out, "get") else getattr(out, CACHE_ARG, None)
+    """What a cache remembers of the model that filled it."""
+    return {k: getattr(config, k, None) for k in _SIGNATURE_FIELDS}
 
 
 class FPAPreTrainedModel(PreTrainedModel):
@@ -89,17 +79,31 @@ class FPAModel(FPAPreTrainedModel):
     def set_input_embeddings(self, value):
         self.embed_tokens = value
 
+    # Validate the token ids' values on every call, not only on a sequence's first one (a debug
+    # switch: on an accelerator, each check is a host sync).
+    check_ids_every_call = False
+
     def _check_input_ids(self, input_ids: Tensor) -> None:
+        """Shape and dtype of input_ids (no host sync)."""
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must have shape (batch, seq_len), got {tuple(input_ids.shape)}"
                              + (" (use input_ids[None] for one sequence)" if input_ids.dim() == 1 else ""))
         if input_ids.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8, torch.int8):
             raise ValueError(f"input_ids must be integer token ids, got dtype {input_ids.dtype}")
-        if torch.compiler.is_compiling():  # the value check is a host sync: it would break the graph
+
+    def _check_id_values(self, input_ids: Tensor, continuing: bool) -> None:
+        """ValueError unless every id lies in [0, vocab_size). The check reads the values, a host
+        sync on an accelerator, so it runs on a sequence's first call (no cache, or an empty one:
+        training, prefill) and on the CPU; decode steps on an accelerator (``continuing``: the
+        cache holds tokens) skip it unless ``check_ids_every_call``."""
+        if torch.compiler.is_compiling() or not input_ids.numel():  # a host sync would break the graph
             return
-        if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= self.config.vocab_size):
+        if continuing and input_ids.device.type != "cpu" and not self.check_ids_every_call:
+            return
+        lo, hi = torch.stack(list(torch.aminmax(input_ids))).tolist()  # one host sync for both
+        if lo < 0 or hi >= self.config.vocab_size:
             raise ValueError(f"input_ids must lie in [0, vocab_size={self.config.vocab_size}), got values in "
-                             f"[{int(input_ids.min())}, {int(input_ids.max())}]")
+                             f"[{lo}, {hi}]")
 
     def forward(self, input_ids: Tensor | None = None, attention_mask: Tensor | None = None,
                 position_ids: Tensor | None = None, past_key_values=None, inputs_embeds: Tensor | None = None,
@@ -113,8 +117,6 @@ class FPAModel(FPAPreTrainedModel):
             raise ValueError("pass exactly one of input_ids and inputs_embeds")
         if input_ids is not None:
             self._check_input_ids(input_ids)
-        x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
-        B, T = x.shape[:2]
         cache = cache if cache is not None else past_key_values
         if self.gradient_checkpointing and self.training:
             use_cache, cache = False, None  # recomputation and a growing cache do not mix
@@ -122,6 +124,10 @@ class FPAModel(FPAPreTrainedModel):
         if cache is not None:
             cache.bind(cache_signature(self.config))
         past = 0 if cache is None else cache.get_seq_length()
+        if input_ids is not None:
+            self._check_id_values(input_ids, continuing=past > 0)
+        x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+        B, T = x.shape[:2]
         mask = _new_token_mask(attention_mask, B, T, past, x.device)
         pos = None
         if position_ids is not None:
@@ -156,13 +162,19 @@ class FPAModel(FPAPreTrainedModel):
 
 
 def _new_token_mask(attention_mask: Tensor | None, B: int, T: int, past: int, device) -> Tensor | None:
-    """(B, T) bool mask of the T new tokens from a (B, T) or (B, past + T) mask; None if all real."""
+    """(B, T) bool mask of the T new tokens from a (B, T) or (B, past + T) mask, or None: no mask,
+    or an all-ones mask on a sequence's first call (past == 0), where the layers' unmasked path is
+    the faster one. Only that first call reads the mask's values (a host sync on an accelerator);
+    a continuation call (decode step, later prefill chunk: the layers take the cached path, where
+    a mask costs a few element-wise ops) keeps the mask as given, so decoding never syncs here."""
     if attention_mask is None:
         return None
     if attention_mask.dim() != 2 or attention_mask.shape[0] != B or attention_mask.shape[1] not in (T, past + T):
         raise ValueError(f"attention_mask must have shape (batch, seq_len) = ({B}, {T}) or (batch, cached + new) = "
                          f"({B}, {past + T}), got {tuple(attention_mask.shape)} (4-D masks are not supported)")
     mask = attention_mask[:, -T:].to(device=device).bool()
+    if past > 0:
+        return mask
     return None if bool(mask.all()) else mask
 
 

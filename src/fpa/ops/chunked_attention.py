@@ -46,7 +46,7 @@ class ChunkBias(Protocol):
         """S -> P and dP (raw dO.v) -> dS in place; with want, accumulate the bias's own gradients."""
         ...
 
-    def whole(self, q5: Tensor, k: Tensor, v: Tensor, out: Tensor, dout: Tensor | None, lse: Tensor,
+    def whole(self, q5: Tensor, k: Tensor, v: Tensor, out: Tensor | None, dout: Tensor | None, lse: Tensor,
               delta: Tensor | None, grads: tuple | None, chunk: int, scale: float, want: bool) -> None:
         """The whole op in C++ (fpa.ops.cpu_kernels.*_whole): forward when dout is None, else backward."""
         ...
@@ -141,7 +141,8 @@ def _flat(x: Tensor, n: int) -> Tensor:
     return x.reshape(-1, x.shape[-2], n)
 
 
-def _fused_forward(q5: Tensor, k: Tensor, v: Tensor, scale: float, bias: ChunkBias, chunk: int) -> tuple[Tensor, Tensor]:
+def _fused_forward(q5: Tensor, k: Tensor, v: Tensor, scale: float, bias: ChunkBias,
+                   chunk: int) -> tuple[Tensor, Tensor]:
     B, Hkv, G, Tq, D = q5.shape
     Tk, Dv = k.shape[2], v.shape[3]
     P, BH = Tk - Tq, B * Hkv * G

@@ -56,7 +56,7 @@ def constructed_head(task: str, beta: float = 40.0, content: float = 20.0) -> Fi
     table = torch.from_numpy(token_table(task))
     V = table.shape[0]
     layer = make_attention("fpa", V, 1, head_dim=1, fpa_mode="walk", walk_increment="linear",
-                           level_offset=False)  # field = depth, level = field
+                           level_offset="none")  # field = depth, level = field
     layer.increment_proj.weight.copy_(table[:, 0][None])
     layer.increment_proj.bias.zero_()
     layer.set_beta_(beta)

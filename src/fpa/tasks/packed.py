@@ -19,7 +19,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from fpa.layers.attention import alibi_slopes, make_attention
+from fpa.layers.attention import alibi_slopes, config_layer_kwargs, make_attention
 
 # method name -> (attention type, extra make_attention kwargs)
 METHODS: dict[str, tuple[str, dict]] = {
@@ -37,22 +37,25 @@ def check_method(name: str) -> None:
         raise ValueError(f"method must be one of {tuple(METHODS)}, got {name!r}")
 
 
-def fpa_parametrisation(method: str, layer_kwargs: dict | None = None) -> dict:
-    """The FPA layer's parametrisation a method trains with (library defaults included), for the
-    record of a run: mode, walk increment, beta activation, increment bias, level offset."""
+def fpa_parametrisation(method: str, fpa_kwargs: dict | None = None) -> dict:
+    """The FPA layer's parametrisation a method trains with, library defaults included, under the
+    FPAConfig names (``fpa_mode``, ``fpa_walk_increment``, ``fpa_beta_activation``, ``fpa_beta_init``,
+    ``fpa_level_offset``, and in walk mode ``fpa_walk_bias_init``, with a head offset
+    ``fpa_level_offset_init``), for the record of a run. ``fpa_kwargs``: overrides under the same
+    names (``fpa synth --fpa-kwargs``; ValueError for any other name)."""
     check_method(method)
     attention, kw = METHODS[method]
     if attention != "fpa":
         raise ValueError(f"method {method!r} has no FPA layer")
     with torch.no_grad():
-        layer = make_attention(attention, 2, 1, head_dim=1, **{**kw, **(layer_kwargs or {})})
+        layer = make_attention(attention, 2, 1, head_dim=1, **{**kw, **config_layer_kwargs(fpa_kwargs or {})})
         beta0 = float(layer.beta[0])
-    out = dict(mode=layer.mode, walk_increment=layer.walk_increment, beta_activation=layer.beta_activation,
-               beta_init=round(beta0, 6), level_offset=layer.level_offset_kind)
+    out = dict(fpa_mode=layer.mode, fpa_walk_increment=layer.walk_increment, fpa_beta_activation=layer.beta_activation,
+               fpa_beta_init=round(beta0, 6), fpa_level_offset=layer.level_offset_kind or "none")
     if layer.mode == "walk":
-        out["walk_bias_init"] = float(layer.increment_proj.bias.detach()[0])
+        out["fpa_walk_bias_init"] = float(layer.increment_proj.bias.detach()[0])
     if layer.level_offset is not None:
-        out["level_offset_init"] = float(layer.level_offset.detach()[0])
+        out["fpa_level_offset_init"] = float(layer.level_offset.detach()[0])
     return out
 
 

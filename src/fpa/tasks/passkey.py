@@ -88,8 +88,14 @@ def min_prompt_length(tokenizer, n_digits: int = DEFAULT_DIGITS) -> int:
     return len(_encode(tokenizer, NEEDLE.format(key=key))) + len(_encode(tokenizer, QUESTION))
 
 
-def make_prompt(tokenizer, length: int, depth: float, rng: np.random.Generator,
-                n_digits: int = DEFAULT_DIGITS, key: str | None = None) -> PasskeyPrompt:
+def make_prompt(
+    tokenizer,
+    length: int,
+    depth: float,
+    rng: np.random.Generator,
+    n_digits: int = DEFAULT_DIGITS,
+    key: str | None = None,
+) -> PasskeyPrompt:
     """A passkey prompt of exactly ``length`` tokens with the needle at ``depth`` (0 = start,
     1 = just before the question) of the filler, within one filler sentence. Raises ValueError
     if it cannot fit."""
@@ -102,7 +108,9 @@ def make_prompt(tokenizer, length: int, depth: float, rng: np.random.Generator,
     question = _encode(tokenizer, QUESTION)
     n_fill = length - len(needle) - len(question)
     if n_fill < 0:
-        raise ValueError(f"length must be >= {len(needle) + len(question)} tokens for the passkey template, got {length}")
+        raise ValueError(
+            f"length must be >= {len(needle) + len(question)} tokens for the passkey template, got {length}"
+        )
     before, after = filler_split(tokenizer, n_fill, float(depth), rng)
     ids = np.concatenate([before, needle, after, question])
     return PasskeyPrompt(ids=ids, key=key, needle_start=len(before), needle_len=len(needle), depth=float(depth))
@@ -172,5 +180,5 @@ def answer_loss(model, tokenizer, seq_len: int, n: int = 32, seed: int = 2026120
     if was_training:
         model.train()
     # per_token_loss[:, t] is the loss of predicting ids[t + 1]
-    picked = torch.stack([tok[r, a - 1: b - 1] for r, (a, b) in enumerate(spans)])
+    picked = torch.stack([tok[r, a - 1 : b - 1] for r, (a, b) in enumerate(spans)])
     return float(picked.mean())

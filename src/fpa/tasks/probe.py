@@ -12,8 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fpa.layers.attention import (AttentionBase, FirstPassageAttention, ForgettingAttention,
-                                  SoftmaxAttention, rope)
+from fpa.layers.attention import AttentionBase, FirstPassageAttention, ForgettingAttention, SoftmaxAttention, rope
 from fpa.ops import dip, past_min_from_field
 
 

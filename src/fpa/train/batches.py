@@ -43,7 +43,10 @@ class StepBatches:
         and how many of them are task samples."""
         rng = np.random.default_rng([self.seed, step])
         starts = rng.integers(0, len(self.shards) - self.seq_len - 1, size=self.batch_size)
-        mixed = rng.random(self.batch_size) < self.mix_rate if self.mixer is not None else np.zeros(self.batch_size, bool)
+        if self.mixer is not None:
+            mixed = rng.random(self.batch_size) < self.mix_rate
+        else:
+            mixed = np.zeros(self.batch_size, bool)
         seeds = rng.integers(0, 2**63 - 1, size=self.batch_size)
         rows = [self._sequence(int(starts[i]), bool(mixed[i]), int(seeds[i])) for i in range(lo, hi)]
         return torch.from_numpy(np.stack(rows)), int(mixed[lo:hi].sum())

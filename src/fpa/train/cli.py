@@ -84,7 +84,8 @@ def _train_flags(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--config", help="JSON or YAML file of TrainConfig settings (flags override it)")
     p.add_argument("--out-dir", help="run folder: checkpoints, metrics.jsonl, model/ (resumes if it has checkpoints)")
-    p.add_argument("--data-source", nargs="+", help="corpus to prepare on the fly: stdlib | file | folder | glob | hf:NAME[:CONFIG]")
+    p.add_argument("--data-source", nargs="+",
+                   help="corpus to prepare on the fly: stdlib | file | folder | glob | hf:NAME[:CONFIG]")
     p.add_argument("--model-overrides", type=_json_dict,
                    help='JSON object of FPAConfig fields, e.g. \'{"hidden_size": 64}\' (unknown keys are an error)')
     p.add_argument("--no-progress", dest="progress", action="store_const", const=False, help="no progress bar")
@@ -136,9 +137,8 @@ def _run_train(args: argparse.Namespace) -> int:
 
 
 def _run_prepare(args: argparse.Namespace) -> int:
-    from fpa.data import prepare_corpus, read_meta
-
     from fpa.cli import writable_dir
+    from fpa.data import prepare_corpus, read_meta
 
     writable_dir(args.out_dir, "--out-dir")
     source = args.source[0] if len(args.source) == 1 else args.source
@@ -153,7 +153,8 @@ def _run_prepare(args: argparse.Namespace) -> int:
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("train", help="train a language model (one process, or torchrun for DDP/FSDP2)",
-                              description="Train an FPA/FoX/softmax language model; resumes from out_dir's latest checkpoint.")
+                              description="Train an FPA/FoX/softmax language model; resumes from out_dir's latest "
+                                          "checkpoint.")
     _train_flags(p)
     p.set_defaults(func=_run_train)
 

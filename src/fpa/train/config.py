@@ -75,7 +75,8 @@ class TrainConfig:
                 raise ValueError(f"{name} must be a non-negative int, got {val!r}")
         for name in ("live_reg", "live_reg_tau"):
             val = getattr(self, name)
-            if isinstance(val, bool) or not isinstance(val, (int, float)) or val < 0 or (name == "live_reg_tau" and val == 0):
+            bad = isinstance(val, bool) or not isinstance(val, (int, float)) or val < 0
+            if bad or (name == "live_reg_tau" and val == 0):
                 raise ValueError(f"{name} must be a {'positive' if name == 'live_reg_tau' else 'non-negative'} "
                                  f"number, got {val!r}")
         if self.evict_tau is not None:
@@ -83,7 +84,8 @@ class TrainConfig:
                     or not math.isfinite(self.evict_tau) or self.evict_tau < 0:
                 raise ValueError(f"evict_tau must be a finite number >= 0 or None, got {self.evict_tau!r}")
             if self.attention != "fpa":
-                raise ValueError(f"evict_tau needs attention='fpa' (it applies FPA's eviction rule), got {self.attention!r}")
+                raise ValueError(f"evict_tau needs attention='fpa' (it applies FPA's eviction rule), got "
+                                 f"{self.attention!r}")
         elif self.evict_from_step:
             raise ValueError(f"evict_from_step is {self.evict_from_step} but evict_tau is not set")
         if self.live_reg > 0 and self.attention != "fpa":
@@ -91,7 +93,8 @@ class TrainConfig:
         for name in ("lr", "weight_decay", "grad_clip"):
             val = getattr(self, name)
             if not isinstance(val, (int, float)) or val < 0 or (name == "lr" and val == 0):
-                raise ValueError(f"{name} must be a {'positive' if name == 'lr' else 'non-negative'} number, got {val!r}")
+                raise ValueError(f"{name} must be a {'positive' if name == 'lr' else 'non-negative'} number, got "
+                                 f"{val!r}")
         for name in ("min_lr_ratio", "mix_rate", "beta1", "beta2"):
             val = getattr(self, name)
             if not isinstance(val, (int, float)) or not 0 <= val <= 1:
@@ -102,7 +105,8 @@ class TrainConfig:
         if self.batch_size % self.grad_accum:
             raise ValueError(f"batch_size ({self.batch_size}) must be a multiple of grad_accum ({self.grad_accum})")
         if self.mix_rate > 0 and not self.mix_task:
-            raise ValueError(f"mix_rate is {self.mix_rate} but mix_task is not set; name a task from fpa.tasks.TASK_MIXERS")
+            raise ValueError(f"mix_rate is {self.mix_rate} but mix_task is not set; name a task from "
+                             f"fpa.tasks.TASK_MIXERS")
         if self.data_dir is None and self.data_source is None:
             raise ValueError("set data_dir (a prepared folder) or data_source (to prepare on the fly)")
         if not isinstance(self.model_overrides, dict):
@@ -129,15 +133,26 @@ class TrainConfig:
         for name, val in self.model_overrides.items():
             check_field(name, val)
         assert set(FIELDS) >= set(self.model_overrides)
-        from fpa.train.model_setup import model_config
+        self.model_config(1)  # the whole model config (e.g. hidden_size % heads), before any data is read
 
-        model_config(self, 1)  # the whole model config (e.g. hidden_size % heads), before any data is read
+    def model_config(self, vocab_size: int):
+        """The FPAConfig of this run: the preset with attention / fpa_mode / model_overrides;
+        vocab_size defaults to the tokenizer's (``vocab_size``)."""
+        from fpa.models.configuration_fpa import FPAConfig
+
+        over = {"vocab_size": vocab_size, **self.model_overrides}
+        if "num_attention_heads" in over and "num_key_value_heads" not in over:
+            over["num_key_value_heads"] = over["num_attention_heads"]  # the preset's kv heads may not divide
+        if over["vocab_size"] < vocab_size:
+            raise ValueError(f"model_overrides vocab_size ({over['vocab_size']}) is smaller than the tokenizer's "
+                             f"({vocab_size})")
+        return FPAConfig.from_preset(self.preset, attention=self.attention, fpa_mode=self.fpa_mode, **over)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "TrainConfig":
+    def from_dict(cls, d: dict) -> TrainConfig:
         names = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - names)
         if unknown:
@@ -145,7 +160,7 @@ class TrainConfig:
         return cls(**d)
 
     @classmethod
-    def from_file(cls, path: str | Path, **overrides) -> "TrainConfig":
+    def from_file(cls, path: str | Path, **overrides) -> TrainConfig:
         """Load a .json or .yaml/.yml file; ``overrides`` (non-None values) win over the file."""
         path = Path(path)
         if not path.is_file():

@@ -119,9 +119,8 @@ def _save_final(model, cfg: TrainConfig, d: D.Dist, data_dir: Path, summary: dic
     msd = D.full_model_state(model, d)
     out = Path(cfg.out_dir) / MODEL_DIR
     if d.is_main:
-        from fpa.models import FPAForCausalLM
-
         from fpa.data.tokenizer import save_hf_tokenizer
+        from fpa.models import FPAForCausalLM
         from fpa.models.card import write_model_card
 
         base = D.unwrap(model)

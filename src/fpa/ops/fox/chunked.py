@@ -61,7 +61,8 @@ def _forward_op(q: Tensor, k: Tensor, v: Tensor, log_fgate: Tensor, scale: float
     Hkv, Tk = k.shape[1], k.shape[2]
     G = Hq // Hkv
     cum = torch.cumsum(log_fgate.to(dt), dim=-1).reshape(B, Hkv, G, Tk)
-    out, lse = chunked_forward(q.to(dt).reshape(B, Hkv, G, Tq, D), k.to(dt), v.to(dt), scale, _FoXChunkBias(cum, Tq, False), chunk)
+    bias = _FoXChunkBias(cum, Tq, False)
+    out, lse = chunked_forward(q.to(dt).reshape(B, Hkv, G, Tq, D), k.to(dt), v.to(dt), scale, bias, chunk)
     return out.reshape(B, Hq, Tq, -1), lse.reshape(B, Hq, Tq)
 
 

@@ -97,7 +97,8 @@ class _FPAChunkBias:
         # Local minima, built key-major (j, t) so the cummin runs along the contiguous last dim
         # (a cummin along dim -2 is several times slower on CPU); read back transposed as (i, j).
         after = torch.ones(c, c, dtype=torch.bool, device=chunk_field.device).triu(1)  # (j, t): t > j
-        x = torch.where(after, chunk_field[..., None, :], torch.full((), float("inf"), dtype=chunk_field.dtype, device=chunk_field.device))
+        x = torch.where(after, chunk_field[..., None, :], torch.full((), float("inf"), dtype=chunk_field.dtype,
+                                                                     device=chunk_field.device))
         local_vals, local_idx = torch.cummin(x, dim=-1)
         local_vals, local_idx = local_vals.transpose(-1, -2), local_idx.transpose(-1, -2)
         m = torch.empty(*chunk_field.shape[:-1], c, K, dtype=chunk_field.dtype, device=chunk_field.device)

@@ -44,7 +44,7 @@ def sparse_table(field: Tensor) -> Tensor:
     return torch.stack(levels)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _compiled_flex():
     from torch.nn.attention.flex_attention import flex_attention
 
@@ -97,7 +97,8 @@ def fpa_flex(
             warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
             # detach: dispatch has checked that no gradient is needed (no backward on CPU)
             out = flex_attention(
-                q.detach().to(dt), k.detach().to(dt), v.detach().to(dt), score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=Hq != Hkv
+                q.detach().to(dt), k.detach().to(dt), v.detach().to(dt), score_mod=score_mod, block_mask=block_mask,
+                scale=scale, enable_gqa=Hq != Hkv
             )
         return out.to(q.dtype)
     out = _compiled_flex()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=Hq != Hkv)

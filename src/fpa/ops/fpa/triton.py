@@ -74,7 +74,8 @@ class _Launch:
         self.q = q.reshape(B * Hq, Tq, D).contiguous()
         self.k = k.reshape(B * Hkv, Tk, D).contiguous()
         self.v = v.reshape(B * Hkv, Tk, Dv).contiguous()
-        rows = [x.reshape(B * Hq, n).to(self.acc).contiguous() for x, n in ((field, Tq), (level, Tk), (past_min, Tk - Tq))]
+        rows = [x.reshape(B * Hq, n).to(self.acc).contiguous()
+                for x, n in ((field, Tq), (level, Tk), (past_min, Tk - Tq))]
         self.field, self.level = rows[0], rows[1]
         self.tiles = prep.field_tiles(rows[0], rows[2], rows[1], self.t, with_src)
         self.beta = beta.to(self.acc).contiguous()
@@ -87,7 +88,8 @@ class _Launch:
     def grid_args(self):
         """(prepared tensors..., scalars...) shared by all three kernels, after the tensor-specific ones."""
         tl_ = self.tiles
-        return (self.q, self.k, self.v, self.field, self.level, tl_.sfx, tl_.tmin, tl_.pref, tl_.minlvl, tl_.fq0, self.thr, self.beta)
+        return (self.q, self.k, self.v, self.field, self.level, tl_.sfx, tl_.tmin, tl_.pref, tl_.minlvl, tl_.fq0,
+                self.thr, self.beta)
 
     def scalars(self):
         B, Hq, Hkv, Tq, Tk, D, Dv = self.shape
@@ -193,7 +195,8 @@ def fpa_triton(
 
 def skipped_tiles(q: Tensor, k: Tensor, v: Tensor, field: Tensor, level: Tensor, past_min: Tensor, beta: Tensor,
                   scale: float, skip_tolerance: float | None, block: int | None = None) -> tuple[Tensor, Tensor]:
-    """Forward only, for tests and benchmarks: -> (out (B, Hq, Tq, Dv), skipped key tiles per query tile (B, Hq, nQ))."""
+    """Forward only, for tests and benchmarks: -> (out (B, Hq, Tq, Dv), skipped key tiles per query tile
+    (B, Hq, nQ))."""
     block = default_block(q) if block is None else block
     L = _Launch(q, k, v, field, level, past_min, beta, scale, block, skip_tolerance, with_src=False)
     out, _, nskip = _forward(L)

@@ -86,7 +86,8 @@ def _scores(q, kt, lvl, m, beta, scale, ok, ACC: tl.constexpr, PREC: tl.constexp
 
 
 @triton.jit
-def _query_tile(Q, PREF, BETA, FQ0, THR, m_idx, bh, Tq, Hq, G, nQ, D, BLOCK: tl.constexpr, BD: tl.constexpr, ACC: tl.constexpr):
+def _query_tile(Q, PREF, BETA, FQ0, THR, m_idx, bh, Tq, Hq, G, nQ, D, BLOCK: tl.constexpr, BD: tl.constexpr,
+                ACC: tl.constexpr):
     """A query-tile program's inputs -> (kvbh, rows, rvalid, q, pref, beta, fq0, thr)."""
     kvbh = (bh // Hq) * (Hq // G) + (bh % Hq) // G
     rows = m_idx * BLOCK + tl.arange(0, BLOCK)
@@ -138,12 +139,14 @@ def _fwd_kernel(
 ):
     m_idx = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)  # int64 offsets: B*H*T*D may exceed 2**31
-    kvbh, rows, rvalid, q, pref, beta, fq0, thr = _query_tile(Q, PREF, BETA, FQ0, THR, m_idx, bh, Tq, Hq, G, nQ, D, BLOCK, BD, ACC)
+    kvbh, rows, rvalid, q, pref, beta, fq0, thr = _query_tile(Q, PREF, BETA, FQ0, THR, m_idx, bh, Tq, Hq, G, nQ, D,
+                                                              BLOCK, BD, ACC)
     Kb = K + kvbh * Tk * D
     Vb = V + kvbh * Tk * Dv
 
     # the diagonal tile first: every real row then has a finite running max
-    s, dip, kt, kj, kvalid, _arg = _diag_tile(q, Kb, LEVEL, FIELD, bh, m_idx, rows, Tq, Tk, beta, scale, D, BLOCK, BD, ACC, PREC, UPCAST)
+    s, dip, kt, kj, kvalid, _arg = _diag_tile(q, Kb, LEVEL, FIELD, bh, m_idx, rows, Tq, Tk, beta, scale, D, BLOCK, BD,
+                                              ACC, PREC, UPCAST)
     row_max = tl.max(s, 1)
     p = tl.exp(s - row_max[:, None])
     row_sum = tl.sum(p, 1)
@@ -159,7 +162,8 @@ def _fwd_kernel(
         if _skip(beta, minlvl, mid, fq0, thr):
             nskip += 1
         else:
-            s, dip, kt, kj, kvalid, _sfx = _off_tile(q, Kb, LEVEL, SFX, bh, n, pad, Tk, nK, mid, pref, beta, scale, D, BLOCK, BD, ACC, PREC, UPCAST)
+            s, dip, kt, kj, kvalid, _sfx = _off_tile(q, Kb, LEVEL, SFX, bh, n, pad, Tk, nK, mid, pref, beta, scale, D,
+                                                     BLOCK, BD, ACC, PREC, UPCAST)
             new_max = tl.maximum(row_max, tl.max(s, 1))
             alpha = tl.exp(row_max - new_max)
             p = tl.exp(s - new_max[:, None])
@@ -197,7 +201,8 @@ def _bwd_dq_kernel(
     atomically), the diagonal tile's in-tile minima routed to field positions, and dbeta's part."""
     m_idx = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)  # int64 offsets: B*H*T*D may exceed 2**31
-    kvbh, rows, rvalid, q, pref, beta, fq0, thr = _query_tile(Q, PREF, BETA, FQ0, THR, m_idx, bh, Tq, Hq, G, nQ, D, BLOCK, BD, ACC)
+    kvbh, rows, rvalid, q, pref, beta, fq0, thr = _query_tile(Q, PREF, BETA, FQ0, THR, m_idx, bh, Tq, Hq, G, nQ, D,
+                                                              BLOCK, BD, ACC)
     Lq = nQ * BLOCK
     offs = tl.arange(0, BLOCK)
     do = _load_rows(DO + bh * Tq * Dv, rows, rvalid, Dv, BDV)
@@ -206,7 +211,8 @@ def _bwd_dq_kernel(
     Kb = K + kvbh * Tk * D
     Vb = V + kvbh * Tk * Dv
 
-    s, dip, kt, kj, kvalid, arg = _diag_tile(q, Kb, LEVEL, FIELD, bh, m_idx, rows, Tq, Tk, beta, scale, D, BLOCK, BD, ACC, PREC, UPCAST)
+    s, dip, kt, kj, kvalid, arg = _diag_tile(q, Kb, LEVEL, FIELD, bh, m_idx, rows, Tq, Tk, beta, scale, D, BLOCK, BD,
+                                             ACC, PREC, UPCAST)
     p, ds = _probs_and_ds(s, lse, do, _load_t(Vb, kj, kvalid, Dv, BDV), delta, ACC, PREC, UPCAST)
     dq = _dot(ds.to(kt.dtype), tl.trans(kt), ACC, PREC, UPCAST)
     dbeta = -tl.sum(tl.sum(ds * dip, 1), 0)
@@ -225,7 +231,8 @@ def _bwd_dq_kernel(
         n = nd - 1 - it
         minlvl = tl.load(MINLVL + bh * nK + n).to(ACC)
         if ~_skip(beta, minlvl, mid, fq0, thr):
-            s, dip, kt, kj, kvalid, sfx = _off_tile(q, Kb, LEVEL, SFX, bh, n, pad, Tk, nK, mid, pref, beta, scale, D, BLOCK, BD, ACC, PREC, UPCAST)
+            s, dip, kt, kj, kvalid, sfx = _off_tile(q, Kb, LEVEL, SFX, bh, n, pad, Tk, nK, mid, pref, beta, scale, D,
+                                                    BLOCK, BD, ACC, PREC, UPCAST)
             p, ds = _probs_and_ds(s, lse, do, _load_t(Vb, kj, kvalid, Dv, BDV), delta, ACC, PREC, UPCAST)
             dq += _dot(ds.to(kt.dtype), tl.trans(kt), ACC, PREC, UPCAST)
             dbeta -= tl.sum(tl.sum(ds * dip, 1), 0)
