@@ -157,7 +157,7 @@ def report(seq_lens: list[int], reps: int, samples: dict, mems: dict, load: tupl
             lines.append(f"| {T} | {LABELS[m]} | {spread(s[m], 1) if m in s else '—'} | "
                          f"{spread(rf, 2) if rf else '—'} | {spread(rs, 2) if rs else '—'} | "
                          f"{'—' if mem is None else f'{mem:.0f}'} |")
-    lines += ["", "## Targets (issue 15)", ""]
+    lines += ["", "## Targets (the project's)", ""]
     for T, ref, limit in TARGETS:
         r = ratios(samples.get(T, {}), "fpa_chunked", ref)
         what = f"- chunked FPA fwd+bwd <= {limit:g}x {LABELS[ref]} at T={T}"

@@ -47,7 +47,7 @@ def _divergent(att, mode="free", seed=0):
 def test_paged_decoding_equals_the_full_forward(att, mode, num_kv_heads, monkeypatch):
     """No policy, B = 3, GQA, blocks of 4 keys, the pool read in chunks of a few blocks (the
     running-max merge across chunks): logits equal the full forward. Measured worst |difference|
-    over these cases 3.8e-7; tolerance 1e-5 (the issue's bar, 26x margin)."""
+    over these cases 3.8e-7; tolerance 1e-5 (the project's bar for cached attention, 26x margin)."""
     monkeypatch.setattr(paged, "CHUNK_ELEMS", 64)  # a chunk = 1 block: every merge path runs
     m = tiny_model(att, mode, num_key_value_heads=num_kv_heads, qk_norm=True)
     x = torch.randint(0, 37, (3, 30))
