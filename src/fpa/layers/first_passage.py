@@ -114,7 +114,7 @@ class FirstPassageAttention(AttentionBase):
     """
 
     def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int | None = None,
-                 mode: str = "free", qk_norm: bool = False, output_gate: bool = False,
+                 mode: str = "walk", qk_norm: bool = False, output_gate: bool = False,
                  head_dim: int | None = None, level_offset: str = "auto", beta_init: float = 0.0,
                  field_init_std: float = 0.02, field_lr_multiplier: float = 1.0, backend: str = "auto",
                  walk_increment: str = "tanh", walk_bias_init: float = 0.0, beta_activation: str = "exp",

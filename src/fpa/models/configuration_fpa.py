@@ -112,7 +112,7 @@ class FPAConfig(PretrainedConfig):
     model_type = "fpa"
 
     def __init__(self, vocab_size=257, hidden_size=128, num_hidden_layers=4, num_attention_heads=4,
-                 num_key_value_heads=None, intermediate_size=352, attention="fpa", fpa_mode="free",
+                 num_key_value_heads=None, intermediate_size=352, attention="fpa", fpa_mode="walk",
                  qk_norm=False, output_gate=False, fpa_level_offset=None, fpa_beta_init=0.0,
                  fpa_field_lr_multiplier=None, fpa_walk_increment=None, fpa_walk_bias_init=None,
                  fpa_beta_activation=None,

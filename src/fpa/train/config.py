@@ -28,7 +28,7 @@ class TrainConfig:
     max_bytes: int | None = None
     preset: str = "tiny"
     attention: str = "fpa"
-    fpa_mode: str = "free"
+    fpa_mode: str = "walk"
     model_overrides: dict = field(default_factory=dict)
     seq_len: int = 256
     batch_size: int = 16
