@@ -134,4 +134,5 @@ def test_keep_all_policies_equal_no_policy():
     x = torch.randint(0, 37, (2, 25))
     ref = _run(m, x, FPACache(), [10, 1, 14])
     for policy in (FPAEviction(math.inf), SlidingWindow(1000)):
-        assert torch.equal(_run(m, x, FPACache(policy), [10, 1, 14]), ref)
+        # no key is dropped, but storage may be compacted: same math, possibly another order
+        torch.testing.assert_close(_run(m, x, FPACache(policy), [10, 1, 14]), ref, rtol=0, atol=1e-5)
