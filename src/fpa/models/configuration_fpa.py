@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import inspect
 import math
 
 from transformers import PretrainedConfig
@@ -179,7 +180,9 @@ class FPAConfig(PretrainedConfig):
         d = dict(config_dict)
         d.setdefault("fpa_parametrisation", FPA_PARAMETRISATION_LEGACY_VERSION)
         if isinstance(d.get("fpa_level_offset"), bool):
-            walk = d.get("attention", "fpa") == "fpa" and d.get("fpa_mode", "free") == "walk"
+            default = {k: v.default for k, v in inspect.signature(cls.__init__).parameters.items()}
+            walk = (d.get("attention", default["attention"]) == "fpa"
+                    and d.get("fpa_mode", default["fpa_mode"]) == "walk")  # a missing key: the constructor's default
             d["fpa_level_offset"] = "head" if d["fpa_level_offset"] and walk else "none"
         return super().from_dict(d, **kwargs)
 
