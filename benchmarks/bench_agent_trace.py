@@ -33,16 +33,21 @@ from fpa.experiments.agent_trace import constructed_offset_head, decode_trace, m
 def markdown(data: dict) -> str:
     a = data["args"]
     tr = data["trace"]
-    out = ["# Agent trace: memory bounded by nesting depth (CPU)", "",
-           f"Trace: {a['tokens']} tokens of the calls task, depth <= {a['max_depth']} (mean {tr['mean_depth']:.2f}), "
-           f"p(call) = p(return) = {a['p']}, otherwise observations, answers read every 64 tokens "
-           f"({tr['queries']} read-outs with an open call). Oldest open call at a read-out: median "
-           f"{tr['median_oldest']} "
-           f"tokens, max {tr['max_oldest']}; {100 * tr['frac_older']:.1f}% of the read-outs have an open call older "
-           f"than the window ({a['window']} keys). Decoded in chunks of {a['chunk']} tokens (the policy runs after "
-           f"each). Accuracy = answers within the task's tolerance (0.5 / depth) at the read-outs.", "",
-           "| head | cache | accuracy | acc. (oldest call > window) | acc. (within window) | keys held at end "
-           "| KiB held at 10k / 50k / end | max KiB | decode s |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    out = [
+        "# Agent trace: memory bounded by nesting depth (CPU)",
+        "",
+        f"Trace: {a['tokens']} tokens of the calls task, depth <= {a['max_depth']} (mean {tr['mean_depth']:.2f}), "
+        f"p(call) = p(return) = {a['p']}, otherwise observations, answers read every 64 tokens "
+        f"({tr['queries']} read-outs with an open call). Oldest open call at a read-out: median "
+        f"{tr['median_oldest']} "
+        f"tokens, max {tr['max_oldest']}; {100 * tr['frac_older']:.1f}% of the read-outs have an open call older "
+        f"than the window ({a['window']} keys). Decoded in chunks of {a['chunk']} tokens (the policy runs after "
+        f"each). Accuracy = answers within the task's tolerance (0.5 / depth) at the read-outs.",
+        "",
+        "| head | cache | accuracy | acc. (oldest call > window) | acc. (within window) | keys held at end "
+        "| KiB held at 10k / 50k / end | max KiB | decode s |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in data["runs"]:
         s = r["samples"]
         at = {x["tokens"]: x for x in s}
@@ -51,12 +56,18 @@ def markdown(data: dict) -> str:
             near = min(at, key=lambda t: abs(t - n))
             return f"{at[near]['bytes_held'] / 1024:.1f}"
 
-        out.append(f"| {r['head']} | {r['config']} | {r['accuracy']:.3f} | {r['accuracy_call_older_than_window']:.3f} "
-                   f"| {r['accuracy_call_within_window']:.3f} | {s[-1]['keys_held']} | {kib(10_000)} / {kib(50_000)} / "
-                   f"{kib(s[-1]['tokens'])} | {max(x['bytes_held'] for x in s) / 1024:.1f} | {r['seconds']:.0f} |")
-    out += ["", "Training (loss in tolerance units, last logged): " + ", ".join(
-        f"{k}: {v['final_loss']:.3f} ({v['seconds']:.0f} s)" for k, v in data["training"].items()),
-        "", f"Wall time: {data['wall_s'] / 60:.1f} min."]
+        out.append(
+            f"| {r['head']} | {r['config']} | {r['accuracy']:.3f} | {r['accuracy_call_older_than_window']:.3f} "
+            f"| {r['accuracy_call_within_window']:.3f} | {s[-1]['keys_held']} | {kib(10_000)} / {kib(50_000)} / "
+            f"{kib(s[-1]['tokens'])} | {max(x['bytes_held'] for x in s) / 1024:.1f} | {r['seconds']:.0f} |"
+        )
+    out += [
+        "",
+        "Training (loss in tolerance units, last logged): "
+        + ", ".join(f"{k}: {v['final_loss']:.3f} ({v['seconds']:.0f} s)" for k, v in data["training"].items()),
+        "",
+        f"Wall time: {data['wall_s'] / 60:.1f} min.",
+    ]
     return "\n".join(out) + "\n"
 
 
@@ -74,11 +85,17 @@ def plot(data: dict, path: Path) -> None:
         for r in (r for r in data["runs"] if r["head"] == h):
             kind = r["config"].split("(")[0]
             s = r["samples"]
-            axs[0, j].plot([x["tokens"] / 1e3 for x in s], [x["bytes_held"] / 1024 for x in s], color=colors[kind],
-                           label=r["config"], **style[kind])
+            axs[0, j].plot(
+                [x["tokens"] / 1e3 for x in s],
+                [x["bytes_held"] / 1024 for x in s],
+                color=colors[kind],
+                label=r["config"],
+                **style[kind],
+            )
             seg = np.linspace(0, data["args"]["tokens"] / 1e3, len(r["accuracy_along"]) + 1)
-            axs[1, j].step(seg[1:], r["accuracy_along"], where="pre", color=colors[kind], label=r["config"],
-                           **style[kind])
+            axs[1, j].step(
+                seg[1:], r["accuracy_along"], where="pre", color=colors[kind], label=r["config"], **style[kind]
+            )
         axs[0, j].set_yscale("log")
         axs[0, j].set_title(f"{h}: KiB held", fontsize=10)
         axs[1, j].set_title(f"{h}: accuracy per 1/20 of the trace", fontsize=10)
@@ -109,10 +126,18 @@ def main(argv=None) -> None:
     t_start = time.perf_counter()
     trace = make_trace(args.tokens, args.max_depth, args.p, args.p, seed=args.seed + 1)
     q = trace.query & trace.valid
-    data = dict(args=vars(args) | {"out": str(args.out)}, runs=[], training={},
-                trace=dict(mean_depth=float(trace.depth.mean()), queries=int(q.sum()),
-                           median_oldest=int(np.median(trace.oldest[q])), max_oldest=int(trace.oldest.max()),
-                           frac_older=float((trace.oldest[q] >= args.window).mean())))
+    data = dict(
+        args=vars(args) | {"out": str(args.out)},
+        runs=[],
+        training={},
+        trace=dict(
+            mean_depth=float(trace.depth.mean()),
+            queries=int(q.sum()),
+            median_oldest=int(np.median(trace.oldest[q])),
+            max_oldest=int(trace.oldest.max()),
+            frac_older=float((trace.oldest[q] >= args.window).mean()),
+        ),
+    )
     for head in args.heads:
         if head == "constructed walk+offset":
             model = constructed_offset_head()
@@ -127,9 +152,12 @@ def main(argv=None) -> None:
             s = summarise(name, run, trace, args.window)
             s["head"] = head
             data["runs"].append(s)
-            print(f"{head:>24} {name:>14}: accuracy {s['accuracy']:.3f} (older than window "
-                  f"{s['accuracy_call_older_than_window']:.3f}), keys held at end {s['samples'][-1]['keys_held']}, "
-                  f"{s['seconds']:.0f} s", flush=True)
+            print(
+                f"{head:>24} {name:>14}: accuracy {s['accuracy']:.3f} (older than window "
+                f"{s['accuracy_call_older_than_window']:.3f}), keys held at end {s['samples'][-1]['keys_held']}, "
+                f"{s['seconds']:.0f} s",
+                flush=True,
+            )
         data["wall_s"] = time.perf_counter() - t_start
         atomic_write_bytes(args.out / f"{args.name}.json", json.dumps(data, indent=1).encode())
         atomic_write_bytes(args.out / f"{args.name}.md", markdown(data).encode())

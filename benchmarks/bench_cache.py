@@ -65,8 +65,10 @@ def build_model(args) -> tuple[FPAForCausalLM, str]:
         for block in m.model.layers:
             block.attn.set_beta_(args.beta)
     calibrate_fields(m, args.field_std, seed=args.seed)
-    return m, (f"tiny preset (attention=fpa, free), RANDOM init (seed {args.seed}) with every head's field and "
-               f"level rescaled to mean 0, std {args.field_std} on a 512-token random probe; beta = {args.beta}")
+    return m, (
+        f"tiny preset (attention=fpa, free), RANDOM init (seed {args.seed}) with every head's field and "
+        f"level rescaled to mean 0, std {args.field_std} on a 512-token random probe; beta = {args.beta}"
+    )
 
 
 @torch.no_grad()
@@ -85,10 +87,16 @@ def run_config(model, policy, lengths, args, bar) -> list[dict]:
             model(tok, past_key_values=cache, use_cache=True)
             step_s.append(time.perf_counter() - t0)
         seen = cache.get_seq_length()
-        rows.append(dict(config=policy.name if policy else "full", length=L,
-                         tokens_per_s=1.0 / statistics.median(step_s),
-                         bytes_held=cache.bytes_held(), bytes_live=cache.bytes_live(),
-                         kept_fraction=cache.kept_fraction()))
+        rows.append(
+            dict(
+                config=policy.name if policy else "full",
+                length=L,
+                tokens_per_s=1.0 / statistics.median(step_s),
+                bytes_held=cache.bytes_held(),
+                bytes_live=cache.bytes_live(),
+                kept_fraction=cache.kept_fraction(),
+            )
+        )
         bar.update(1)
     return rows
 
@@ -97,22 +105,29 @@ def markdown(rows: list[dict], header: str, args) -> str:
     configs = list(dict.fromkeys(r["config"] for r in rows))
     lengths = sorted({r["length"] for r in rows})
     cell = {(r["config"], r["length"]): r for r in rows}
-    out = ["# KV cache: decode speed and memory vs length (CPU)", "",
-           f"Model: {header}.", "",
-           f"Per length L: chunked prefill (chunk {args.chunk}) up to L, then {args.window} timed decode steps "
-           f"(tokens/s = 1 / median step time over the window; bytes held and kept fraction after it). Batch 1, "
-           f"float32, "
-           f"torch.get_num_threads() = {torch.get_num_threads()}. kept = keys held / keys seen over layers "
-           "and KV heads. MiB = bytes the cache has allocated (keys, values, positions, levels, minima, holes, "
-           "partial and free blocks, block tables); live = bytes of the kept keys alone.", ""]
+    out = [
+        "# KV cache: decode speed and memory vs length (CPU)",
+        "",
+        f"Model: {header}.",
+        "",
+        f"Per length L: chunked prefill (chunk {args.chunk}) up to L, then {args.window} timed decode steps "
+        f"(tokens/s = 1 / median step time over the window; bytes held and kept fraction after it). Batch 1, "
+        f"float32, "
+        f"torch.get_num_threads() = {torch.get_num_threads()}. kept = keys held / keys seen over layers "
+        "and KV heads. MiB = bytes the cache has allocated (keys, values, positions, levels, minima, holes, "
+        "partial and free blocks, block tables); live = bytes of the kept keys alone.",
+        "",
+    ]
     out.append("| L | " + " | ".join(f"{c} tok/s | {c} MiB | {c} live MiB | {c} kept" for c in configs) + " |")
     out.append("|---:|" + "---:|---:|---:|---:|" * len(configs))
     for L in lengths:
         cells = []
         for c in configs:
             r = cell[(c, L)]
-            cells.append(f"{r['tokens_per_s']:.1f} | {r['bytes_held'] / 2**20:.2f} | {r['bytes_live'] / 2**20:.2f} "
-                         f"| {r['kept_fraction']:.3f}")
+            cells.append(
+                f"{r['tokens_per_s']:.1f} | {r['bytes_held'] / 2**20:.2f} | {r['bytes_live'] / 2**20:.2f} "
+                f"| {r['kept_fraction']:.3f}"
+            )
         out.append(f"| {L} | " + " | ".join(cells) + " |")
     return "\n".join(out) + "\n"
 
@@ -128,7 +143,7 @@ def plot(rows: list[dict], path: Path, header: str) -> None:
         rs = [r for r in rows if r["config"] == c]
         x = [r["length"] for r in rs]
         axs[0].plot(x, [r["tokens_per_s"] for r in rs], "o-", label=c)
-        line, = axs[1].plot(x, [r["bytes_held"] / 2**20 for r in rs], "o-", label=c)
+        (line,) = axs[1].plot(x, [r["bytes_held"] / 2**20 for r in rs], "o-", label=c)
         axs[1].plot(x, [r["bytes_live"] / 2**20 for r in rs], ":", color=line.get_color())
         axs[2].plot(x, [r["kept_fraction"] for r in rs], "o-", label=c)
     for ax, title in zip(axs, ("decode tokens/s", "cache MiB allocated (dotted: kept keys only)", "kept fraction")):

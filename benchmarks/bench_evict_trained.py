@@ -28,12 +28,20 @@ from fpa.data.atomic import atomic_write_bytes
 from fpa.eval.passkey import passkey_grid
 from fpa.experiments.reproduce import load_model
 
-DEFAULT_MODELS = ("fpa-walk-evict2-s0,fpa-walk-offset-evict2-s0,fpa-walk-tokenoffset-evict2-s0,"
-                  "fpa-walk-evict2-late-s0,fpa-walk-offset-evict2-late-s0")
+DEFAULT_MODELS = (
+    "fpa-walk-evict2-s0,fpa-walk-offset-evict2-s0,fpa-walk-tokenoffset-evict2-s0,"
+    "fpa-walk-evict2-late-s0,fpa-walk-offset-evict2-late-s0"
+)
 
 
-def evaluate(model_dir: Path, tau: float, lengths: list[int], depths: list[float], trials: int,
-             chunks: list[tuple[int | None, bool]]) -> list[dict]:
+def evaluate(
+    model_dir: Path,
+    tau: float,
+    lengths: list[int],
+    depths: list[float],
+    trials: int,
+    chunks: list[tuple[int | None, bool]],
+) -> list[dict]:
     """One passkey grid per (prefill chunk size, rule within chunks?) (None: the full cache, no
     eviction, chunks of the largest size given)."""
     model, tok = load_model(model_dir, "cpu")
@@ -41,44 +49,79 @@ def evaluate(model_dir: Path, tau: float, lengths: list[int], depths: list[float
     for chunk, within in chunks:
         make = None
         if chunk is not None:
+
             def make(length: int, within=within):
                 policy = FPAEviction(tau, within_chunks=within)
                 return FPACache(policy), policy
+
         t0 = time.perf_counter()
-        g = passkey_grid(model, tok, lengths, depths, trials, seed=0, make_cache=make,
-                         chunk_size=chunk or max(c for c, _ in chunks if c),
-                         desc=f"{model_dir.parent.name} chunk {chunk}")
+        g = passkey_grid(
+            model,
+            tok,
+            lengths,
+            depths,
+            trials,
+            seed=0,
+            make_cache=make,
+            chunk_size=chunk or max(c for c, _ in chunks if c),
+            desc=f"{model_dir.parent.name} chunk {chunk}",
+        )
         cache = "full" if chunk is None else f"FPAEviction({tau:g}{', within_chunks=True' if within else ''})"
-        rows.append(dict(cache=cache, chunk=chunk,
-                         accuracy_by_length=g["accuracy_by_length"],
-                         kept_by_length=[float(sum(k) / len(k)) for k in g["kept_fraction"]],
-                         example=g["examples"][0], seconds=round(time.perf_counter() - t0, 1)))
-        print(model_dir.parent.name, rows[-1]["cache"], "chunk", chunk,
-              [round(a, 2) for a in rows[-1]["accuracy_by_length"]], flush=True)
+        rows.append(
+            dict(
+                cache=cache,
+                chunk=chunk,
+                accuracy_by_length=g["accuracy_by_length"],
+                kept_by_length=[float(sum(k) / len(k)) for k in g["kept_fraction"]],
+                example=g["examples"][0],
+                seconds=round(time.perf_counter() - t0, 1),
+            )
+        )
+        print(
+            model_dir.parent.name,
+            rows[-1]["cache"],
+            "chunk",
+            chunk,
+            [round(a, 2) for a in rows[-1]["accuracy_by_length"]],
+            flush=True,
+        )
     return rows
 
 
 def markdown(data: dict) -> str:
     a = data["args"]
-    out = ["# Trained under the eviction rule, served under it: chunked against token-by-token prefill (CPU)", "",
-           f"Models: `{a['run_dir']}/models/<name>/model` (`fpa reproduce --preset cpu`, trained with "
-           f"`--evict-tau {a['tau']:g}`: the `-late` ones from step 750 of 1500, the others from step 0). "
-           f"Passkey exact match, {a['trials']} prompts x "
-           f"{len(a['depths'])} depths per length (seed 0, the prompts of the reproduction's grid). 'chunk 1' "
-           "prefills token by token, so the cache applies the rule after every token, as in training; "
-           "`within_chunks=True` applies it inside each 128-token chunk as well, which computes the same.", "",
-           "| model | cache | prefill chunk | " + " | ".join(f"{L}" for L in a["lengths"]) + " | kept (mean) |",
-           "|---|---|---|" + "---|" * len(a["lengths"]) + "---|"]
+    out = [
+        "# Trained under the eviction rule, served under it: chunked against token-by-token prefill (CPU)",
+        "",
+        f"Models: `{a['run_dir']}/models/<name>/model` (`fpa reproduce --preset cpu`, trained with "
+        f"`--evict-tau {a['tau']:g}`: the `-late` ones from step 750 of 1500, the others from step 0). "
+        f"Passkey exact match, {a['trials']} prompts x "
+        f"{len(a['depths'])} depths per length (seed 0, the prompts of the reproduction's grid). 'chunk 1' "
+        "prefills token by token, so the cache applies the rule after every token, as in training; "
+        "`within_chunks=True` applies it inside each 128-token chunk as well, which computes the same.",
+        "",
+        "| model | cache | prefill chunk | " + " | ".join(f"{L}" for L in a["lengths"]) + " | kept (mean) |",
+        "|---|---|---|" + "---|" * len(a["lengths"]) + "---|",
+    ]
     for name, rows in data["models"].items():
         for r in rows:
             kept = sum(r["kept_by_length"]) / len(r["kept_by_length"])
-            out.append(f"| {name} | {r['cache']} | {r['chunk'] or '-'} | "
-                       + " | ".join(f"{100 * x:.0f}%" for x in r["accuracy_by_length"]) + f" | {100 * kept:.1f}% |")
-    out += ["", "Columns: prompt length in tokens (the training length is 128). Example answers at 128 tokens: "
-            + "; ".join(f"{n}, {r['cache']}, chunk {r['chunk'] or '-'}: {r['example']['generated']!r} "
-                        f"(key {r['example']['key']})"
-                        for n, rows in data["models"].items() for r in rows[:1] + rows[-1:]),
-            "", f"Wall time: {data['seconds'] / 60:.1f} min."]
+            out.append(
+                f"| {name} | {r['cache']} | {r['chunk'] or '-'} | "
+                + " | ".join(f"{100 * x:.0f}%" for x in r["accuracy_by_length"])
+                + f" | {100 * kept:.1f}% |"
+            )
+    out += [
+        "",
+        "Columns: prompt length in tokens (the training length is 128). Example answers at 128 tokens: "
+        + "; ".join(
+            f"{n}, {r['cache']}, chunk {r['chunk'] or '-'}: {r['example']['generated']!r} (key {r['example']['key']})"
+            for n, rows in data["models"].items()
+            for r in rows[:1] + rows[-1:]
+        ),
+        "",
+        f"Wall time: {data['seconds'] / 60:.1f} min.",
+    ]
     return "\n".join(out) + "\n"
 
 
@@ -89,8 +132,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tau", type=float, default=2.0, help="the threshold the models were trained under")
     p.add_argument("--lengths", default="128,256,512,1024,2048")
     p.add_argument("--trials", type=int, default=10)
-    p.add_argument("--chunks", default="0,128,128w,1",
-                   help="prefill chunk sizes; 0 = the full cache (no eviction), a trailing w = the rule within chunks")
+    p.add_argument(
+        "--chunks",
+        default="0,128,128w,1",
+        help="prefill chunk sizes; 0 = the full cache (no eviction), a trailing w = the rule within chunks",
+    )
     p.add_argument("--out", default="benchmarks/results/evict-trained-cpu")
     args = p.parse_args(argv)
     if args.tau < 0 or args.trials < 1:
@@ -104,10 +150,11 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--models: no trained model under {args.run_dir}/models for {missing}")
     torch.set_num_threads(1)
     t0 = time.perf_counter()
-    models = {n: evaluate(Path(args.run_dir) / "models" / n / "model", args.tau, lengths, depths, args.trials, chunks)
-              for n in names}
-    data = dict(args=dict(vars(args), lengths=lengths, depths=depths), models=models,
-                seconds=time.perf_counter() - t0)
+    models = {
+        n: evaluate(Path(args.run_dir) / "models" / n / "model", args.tau, lengths, depths, args.trials, chunks)
+        for n in names
+    }
+    data = dict(args=dict(vars(args), lengths=lengths, depths=depths), models=models, seconds=time.perf_counter() - t0)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(out.with_suffix(".json"), json.dumps(data, indent=1).encode())

@@ -87,12 +87,14 @@ def methods() -> dict:
     fla = _fla_fox()
     if fla is not None:
         out["FoX (fla parallel_forgetting_attn)"] = lambda x: fla(
-            *(x[n].transpose(1, 2).contiguous() for n in ("q", "k", "v")), x["log_f"].transpose(1, 2).contiguous(),
+            *(x[n].transpose(1, 2).contiguous() for n in ("q", "k", "v")),
+            x["log_f"].transpose(1, 2).contiguous(),
             scale=D**-0.5,
         ).transpose(1, 2)
     else:
-        out["FoX (fpa chunked; fla not importable)"] = lambda x: forgetting_attention(x["q"], x["k"], x["v"],
-                                                                                      x["log_f"])
+        out["FoX (fpa chunked; fla not importable)"] = lambda x: forgetting_attention(
+            x["q"], x["k"], x["v"], x["log_f"]
+        )
 
     def sdpa(x):
         from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -130,20 +132,30 @@ def correctness_check() -> list[str]:
     failures = []
     tols = {torch.float32: (2e-5, 2e-4), torch.bfloat16: (2e-2, 5e-2)}
     # (dtype, B, Hq, Hkv, Tq, Tk, D): GQA, Tq < Tk with P not a multiple of the tile, partial tiles
-    cases = [(torch.float32, 2, 4, 2, 77, 150, 64), (torch.bfloat16, 2, 4, 2, 77, 150, 128),
-             (torch.bfloat16, 1, 2, 1, 130, 130, 128)]
+    cases = [
+        (torch.float32, 2, 4, 2, 77, 150, 64),
+        (torch.bfloat16, 2, 4, 2, 77, 150, 128),
+        (torch.bfloat16, 1, 2, 1, 130, 130, 128),
+    ]
     for dtype, B, Hq, Hkv, Tq, Tk, Dh in cases:
         g = torch.Generator(device="cuda").manual_seed(Tq)
         r = lambda *s, g=g: torch.randn(*s, generator=g, device="cuda")  # noqa: E731
-        xs = dict(q=r(B, Hq, Tq, Dh), k=r(B, Hkv, Tk, Dh), v=r(B, Hkv, Tk, Dh), field=3 * r(B, Hq, Tk),
-                  level=3 * r(B, Hq, Tk), beta=torch.rand(Hq, device="cuda") + 0.25)
+        xs = dict(
+            q=r(B, Hq, Tq, Dh),
+            k=r(B, Hkv, Tk, Dh),
+            v=r(B, Hkv, Tk, Dh),
+            field=3 * r(B, Hq, Tk),
+            level=3 * r(B, Hq, Tk),
+            beta=torch.rand(Hq, device="cuda") + 0.25,
+        )
         xs = {n: (t.to(dtype) if n in ("q", "k", "v") else t).requires_grad_(True) for n, t in xs.items()}
         w = r(B, Hq, Tq, Dh)
         res = {}
         try:
             for backend in ("reference", "triton"):
-                o = first_passage_attention(*(xs[n] for n in ("q", "k", "v", "field", "level")), beta=xs["beta"],
-                                            backend=backend)
+                o = first_passage_attention(
+                    *(xs[n] for n in ("q", "k", "v", "field", "level")), beta=xs["beta"], backend=backend
+                )
                 res[backend] = [o] + list(torch.autograd.grad((o.float() * w).sum(), list(xs.values())))
         except Exception as e:  # noqa: BLE001 - a compile or launch error is a failed check
             failures.append(f"{dtype} B{B} Hq{Hq} Hkv{Hkv} Tq{Tq} Tk{Tk} D{Dh}: {e!r}")
@@ -153,8 +165,9 @@ def correctness_check() -> list[str]:
             rms = err.pow(2).mean().sqrt() / b.double().pow(2).mean().sqrt().clamp(min=1e-3)
             rms_tol, max_tol = tols[dtype] if name == "out" else (4 * tols[dtype][0], 20 * tols[dtype][1])
             if not (rms <= rms_tol and err.abs().max() <= max_tol):
-                failures.append(f"{dtype} B{B} Hq{Hq} Hkv{Hkv} Tq{Tq} Tk{Tk} D{Dh} {name}: rms {rms:.2e}, max "
-                                f"{err.abs().max():.2e}")
+                failures.append(
+                    f"{dtype} B{B} Hq{Hq} Hkv{Hkv} Tq{Tq} Tk{Tk} D{Dh} {name}: rms {rms:.2e}, max {err.abs().max():.2e}"
+                )
     return failures
 
 
@@ -164,8 +177,17 @@ def skip_fraction(x) -> float:
 
     with torch.no_grad():
         empty = x["field"][..., :0]
-        _, n = skipped_tiles(x["q"], x["k"], x["v"], x["field"], x["level"], empty, torch.ones(H, device=x["q"].device),
-                             D**-0.5, SKIP_TOL)
+        _, n = skipped_tiles(
+            x["q"],
+            x["k"],
+            x["v"],
+            x["field"],
+            x["level"],
+            empty,
+            torch.ones(H, device=x["q"].device),
+            D**-0.5,
+            SKIP_TOL,
+        )
     nq = n.shape[-1]
     return float(n.sum()) / (n.shape[0] * n.shape[1] * nq * (nq - 1) / 2) if nq > 1 else 0.0
 
@@ -191,8 +213,12 @@ def render(rows: dict, seq_lens: list[int], names: list[str], skips: dict, devic
             else:
                 cells.append(str(t) if t is not None else "-")
         lines.append(f"| {n} | " + " | ".join(cells) + " |")
-    lines += ["", f"Skipped off-diagonal tile pairs (skip_tolerance={SKIP_TOL:g}): "
-              + ", ".join(f"T={T}: {skips[T]:.1%}" for T in seq_lens if T in skips), ""]
+    lines += [
+        "",
+        f"Skipped off-diagonal tile pairs (skip_tolerance={SKIP_TOL:g}): "
+        + ", ".join(f"T={T}: {skips[T]:.1%}" for T in seq_lens if T in skips),
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -203,8 +229,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
-        raise SystemExit("bench_gpu.py needs a CUDA GPU (torch.cuda.is_available() is False); "
-                         "on CPU, the triton backend is tested in the interpreter by tests/ops/test_triton.py")
+        raise SystemExit(
+            "bench_gpu.py needs a CUDA GPU (torch.cuda.is_available() is False); "
+            "on CPU, the triton backend is tested in the interpreter by tests/ops/test_triton.py"
+        )
     start = time.time()
     failures = correctness_check()
     if failures:

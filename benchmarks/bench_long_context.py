@@ -34,7 +34,7 @@ from fpa.data.atomic import atomic_write_bytes, atomic_write_figure
 from fpa.data.sources import stdlib_files
 from fpa.models import FPAForCausalLM
 
-MiB = 2 ** 20
+MiB = 2**20
 
 
 def text_tokens(n: int, seed: int = 0) -> torch.Tensor:
@@ -79,23 +79,36 @@ def run_config(model, policy, tokens: torch.Tensor, lengths: list[int], args, na
         peak = cache.peak_bytes
         step_s = []
         for i in range(args.window):
-            tok = tokens[:, L + i:L + i + 1]
+            tok = tokens[:, L + i : L + i + 1]
             t1 = time.perf_counter()
             model(tok, past_key_values=cache, use_cache=True)
             step_s.append(time.perf_counter() - t1)
         seen = L + args.window
         ms = 1e3 * statistics.median(step_s)
-        rows.append(dict(config=name, length=L, ms_per_token=ms, tokens_per_s=1e3 / ms,
-                         bytes_held=cache.bytes_held(), bytes_live=cache.bytes_live(), peak_bytes=peak,
-                         kept_fraction=cache.kept_fraction(), prefill_s=prefill_s))
-        print(f"{name:>16} L={L:>6}: {ms:7.2f} ms/token, held {rows[-1]['bytes_held'] / MiB:8.2f} MiB, "
-              f"kept {rows[-1]['kept_fraction']:.3f}, prefill {prefill_s:6.1f} s", flush=True)
+        rows.append(
+            dict(
+                config=name,
+                length=L,
+                ms_per_token=ms,
+                tokens_per_s=1e3 / ms,
+                bytes_held=cache.bytes_held(),
+                bytes_live=cache.bytes_live(),
+                peak_bytes=peak,
+                kept_fraction=cache.kept_fraction(),
+                prefill_s=prefill_s,
+            )
+        )
+        print(
+            f"{name:>16} L={L:>6}: {ms:7.2f} ms/token, held {rows[-1]['bytes_held'] / MiB:8.2f} MiB, "
+            f"kept {rows[-1]['kept_fraction']:.3f}, prefill {prefill_s:6.1f} s",
+            flush=True,
+        )
     return rows
 
 
 def growth_exponent(rows: list[dict]) -> float:
     """Slope of log(ms/token) against log(length) over the upper half of the lengths."""
-    rs = sorted(rows, key=lambda r: r["length"])[len(rows) // 2:]
+    rs = sorted(rows, key=lambda r: r["length"])[len(rows) // 2 :]
     if len(rs) < 2:
         return float("nan")
     import math
@@ -118,17 +131,25 @@ def markdown(data: dict) -> str:
     lengths = sorted({r["length"] for r in rows})
     cell = {(r["config"], r["length"]): r for r in rows}
     full_bytes = {r["length"]: r["bytes_held"] for r in rows if r["config"] == "full"}
-    out = ["# Long-context decoding on the paged KV cache (CPU)", "", data["header"], "",
-           "ms = median decode step (one token, batch 1) after a chunked prefill to L; held = every byte the cache "
-           "allocated (pool incl. holes, partial and free blocks, block tables); kept = bytes of the kept keys "
-           "alone; held/kept is the storage overhead (target <= 1.15 + a fixed allowance); peak = the cache's "
-           "high-water mark during the prefill to L (after each chunk, before eviction). MiB.", ""]
-    for title, key, fmt in (("Decode ms per token", "ms_per_token", "{:.2f}"),
-                            ("Bytes held, MiB", "bytes_held", "mib"),
-                            ("Bytes of the kept keys, MiB", "bytes_live", "mib"),
-                            ("held / kept", None, "ratio"),
-                            ("Kept fraction (keys held / keys seen)", "kept_fraction", "{:.3f}"),
-                            ("Peak cache MiB during the prefill", "peak_bytes", "mib")):
+    out = [
+        "# Long-context decoding on the paged KV cache (CPU)",
+        "",
+        data["header"],
+        "",
+        "ms = median decode step (one token, batch 1) after a chunked prefill to L; held = every byte the cache "
+        "allocated (pool incl. holes, partial and free blocks, block tables); kept = bytes of the kept keys "
+        "alone; held/kept is the storage overhead (target <= 1.15 + a fixed allowance); peak = the cache's "
+        "high-water mark during the prefill to L (after each chunk, before eviction). MiB.",
+        "",
+    ]
+    for title, key, fmt in (
+        ("Decode ms per token", "ms_per_token", "{:.2f}"),
+        ("Bytes held, MiB", "bytes_held", "mib"),
+        ("Bytes of the kept keys, MiB", "bytes_live", "mib"),
+        ("held / kept", None, "ratio"),
+        ("Kept fraction (keys held / keys seen)", "kept_fraction", "{:.3f}"),
+        ("Peak cache MiB during the prefill", "peak_bytes", "mib"),
+    ):
         out += [f"## {title}", "", "| L | " + " | ".join(names) + " |", "|---:|" + "---:|" * len(names)]
         for L in lengths:
             cells = []
@@ -144,9 +165,13 @@ def markdown(data: dict) -> str:
                     cells.append(fmt.format(r[key]))
             out.append(f"| {L} | " + " | ".join(cells) + " |")
         out.append("")
-    out += ["## Growth of decode time with length", "",
-            "Exponent k of ms/token ~ L^k, fitted over the upper half of the lengths (1 = linear in the keys "
-            "held, 0 = flat):", ""]
+    out += [
+        "## Growth of decode time with length",
+        "",
+        "Exponent k of ms/token ~ L^k, fitted over the upper half of the lengths (1 = linear in the keys "
+        "held, 0 = flat):",
+        "",
+    ]
     for c in names:
         out.append(f"- {c}: k = {growth_exponent([r for r in rows if r['config'] == c]):.2f}")
     if full_bytes:
@@ -156,8 +181,10 @@ def markdown(data: dict) -> str:
             r = cell.get((c, L))
             if r is not None and c != "full":
                 held = r["bytes_held"] / full_bytes[L]
-                out.append(f"- {c}: kept {r['kept_fraction']:.3f} of the keys, holds {held:.3f} "
-                           f"of the full cache's bytes (L = {L})")
+                out.append(
+                    f"- {c}: kept {r['kept_fraction']:.3f} of the keys, holds {held:.3f} "
+                    f"of the full cache's bytes (L = {L})"
+                )
     walls = ", ".join(f"{k} {v / 60:.1f}" for k, v in data.get("wall_by_config", {}).items())
     out += ["", f"Wall time of the runs that produced this table: {data.get('wall_s', 0) / 60:.1f} min ({walls})."]
     return "\n".join(out) + "\n"
@@ -175,12 +202,13 @@ def plot(data: dict, path: Path) -> None:
     for i, c in enumerate(_names(rows)):
         rs = sorted((r for r in rows if r["config"] == c), key=lambda r: r["length"])
         x = [r["length"] for r in rs]
-        line, = axs[0].plot(x, [r["ms_per_token"] for r in rs], styles[i % len(styles)], label=c, ms=4)
+        (line,) = axs[0].plot(x, [r["ms_per_token"] for r in rs], styles[i % len(styles)], label=c, ms=4)
         axs[1].plot(x, [r["bytes_held"] / MiB for r in rs], styles[i % len(styles)], color=line.get_color(), ms=4)
         axs[1].plot(x, [r["bytes_live"] / MiB for r in rs], ":", color=line.get_color())
         axs[2].plot(x, [r["peak_bytes"] / MiB for r in rs], styles[i % len(styles)], color=line.get_color(), ms=4)
-    for ax, title in zip(axs, ("decode ms per token", "MiB held (dotted: kept keys only)",
-                               "peak cache MiB during prefill")):
+    for ax, title in zip(
+        axs, ("decode ms per token", "MiB held (dotted: kept keys only)", "peak cache MiB during prefill")
+    ):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("context length (tokens)")
@@ -196,7 +224,7 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", required=True, type=Path, help="trained FPA checkpoint directory (fpa reproduce)")
     p.add_argument("--fox-model", type=Path, default=None, help="trained FoX checkpoint for FoX's own rule")
-    p.add_argument("--lengths", type=int, nargs="+", default=[2 ** i for i in range(10, 18)])
+    p.add_argument("--lengths", type=int, nargs="+", default=[2**i for i in range(10, 18)])
     p.add_argument("--taus", type=float, nargs="+", default=[2.0, 8.0], help="FPAEviction thresholds")
     p.add_argument("--fox-tau", type=float, default=8.0)
     p.add_argument("--budget", type=int, default=1024, help="keys per KV head for window and H2O")
@@ -223,9 +251,12 @@ def main(argv=None) -> None:
     tokens = text_tokens(max(args.lengths) + args.window)
     path = args.out / f"{args.name}.json"
     data = json.loads(path.read_text()) if (args.configs and path.exists()) else {"rows": [], "wall_s": 0.0}
-    data["header"] = (f"FPA model `{args.model}`" + (f", FoX model `{args.fox_model}`" if args.fox_model else "")
-                      + f"; chunk {args.chunk}, {args.window} timed decode steps per length, budget {args.budget} "
-                      f"keys per KV head for window/H2O; torch threads {torch.get_num_threads()}; float32, batch 1.")
+    data["header"] = (
+        f"FPA model `{args.model}`"
+        + (f", FoX model `{args.fox_model}`" if args.fox_model else "")
+        + f"; chunk {args.chunk}, {args.window} timed decode steps per length, budget {args.budget} "
+        f"keys per KV head for window/H2O; torch threads {torch.get_num_threads()}; float32, batch 1."
+    )
     for name, (key, make) in todo.items():
         t0 = time.perf_counter()
         rows = run_config(models[key], make(), tokens, args.lengths, args, name)

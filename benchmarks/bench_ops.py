@@ -35,16 +35,31 @@ import torch.nn.functional as F
 
 B, H, D = 2, 4, 64
 DTYPE = torch.float32
-METHODS = ["fpa_chunked", "fox_chunked", "sdpa_causal", "fpa_chunked_torchops", "fox_chunked_torchops",
-           "fpa_reference", "fox_dense_sdpa"]
+METHODS = [
+    "fpa_chunked",
+    "fox_chunked",
+    "sdpa_causal",
+    "fpa_chunked_torchops",
+    "fox_chunked_torchops",
+    "fpa_reference",
+    "fox_dense_sdpa",
+]
 LABELS = {
-    "fpa_chunked": "FPA chunked", "fox_chunked": "FoX chunked", "sdpa_causal": "SDPA causal",
-    "fpa_chunked_torchops": "FPA chunked, torch ops", "fox_chunked_torchops": "FoX chunked, torch ops",
-    "fpa_reference": "FPA reference (dense)", "fox_dense_sdpa": "FoX dense-mask SDPA",
+    "fpa_chunked": "FPA chunked",
+    "fox_chunked": "FoX chunked",
+    "sdpa_causal": "SDPA causal",
+    "fpa_chunked_torchops": "FPA chunked, torch ops",
+    "fox_chunked_torchops": "FoX chunked, torch ops",
+    "fpa_reference": "FPA reference (dense)",
+    "fox_dense_sdpa": "FoX dense-mask SDPA",
 }
 MAX_T = {"fpa_chunked_torchops": 1024, "fox_chunked_torchops": 1024, "fpa_reference": 1024, "fox_dense_sdpa": 2048}
-TARGETS = [(2048, "fox_chunked", 1.1), (4096, "fox_chunked", 1.1),
-           (2048, "sdpa_causal", 2.0), (4096, "sdpa_causal", 2.0)]
+TARGETS = [
+    (2048, "fox_chunked", 1.1),
+    (4096, "fox_chunked", 1.1),
+    (2048, "sdpa_causal", 2.0),
+    (4096, "sdpa_causal", 2.0),
+]
 
 
 def make_inputs(T: int, seed: int = 0, requires_grad: bool = True) -> dict:
@@ -54,8 +69,14 @@ def make_inputs(T: int, seed: int = 0, requires_grad: bool = True) -> dict:
     shape = (B, H, T, D)
     q, k, v = (torch.randn(shape, generator=g, dtype=DTYPE) for _ in range(3))
     field = walk(0.1 * torch.randn((B, H, T), generator=g, dtype=DTYPE))
-    out = dict(q=q, k=k, v=v, field=field, level=field.clone(),
-               log_f=F.logsigmoid(torch.randn((B, H, T), generator=g, dtype=DTYPE)))
+    out = dict(
+        q=q,
+        k=k,
+        v=v,
+        field=field,
+        level=field.clone(),
+        log_f=F.logsigmoid(torch.randn((B, H, T), generator=g, dtype=DTYPE)),
+    )
     for t in out.values():
         t.requires_grad_(requires_grad)
     out["grad_out"] = torch.randn(shape, generator=g, dtype=DTYPE)
@@ -136,14 +157,16 @@ def ratios(samples: dict, m: str, ref: str) -> list[float] | None:
 
 def report(seq_lens: list[int], reps: int, samples: dict, mems: dict, load: tuple[str, str]) -> str:
     lines = [
-        "# FPA / FoX / SDPA ops benchmark (CPU)", "",
+        "# FPA / FoX / SDPA ops benchmark (CPU)",
+        "",
         f"B={B}, H={H}, D={D}, fp32, torch {torch.__version__}, threads={torch.get_num_threads()}, "
         f"{os.cpu_count()} CPUs. Load average (1/5/15 min) at the start: {load[0]}; at the end: {load[1]}. "
         "Forward + backward, every input requiring grad (q, k, v, field, level; FoX's log-gates). "
         f"Medians of {reps} repetitions after 1 warm-up, methods interleaved in one process; "
         "[min, max] in brackets; ratios are medians of the per-repetition ratios [min, max]. "
-        "Peak MiB: extra resident memory of one fwd+bwd in a fresh process. \"torch ops\": FPA_CPU_KERNEL=0 "
-        "(the bias built with tensor ops). Produced by `python benchmarks/bench_ops.py`.", "",
+        'Peak MiB: extra resident memory of one fwd+bwd in a fresh process. "torch ops": FPA_CPU_KERNEL=0 '
+        "(the bias built with tensor ops). Produced by `python benchmarks/bench_ops.py`.",
+        "",
         "| T | method | fwd+bwd ms | ratio to FoX chunked | ratio to SDPA causal | peak MiB |",
         "|---:|---|---:|---:|---:|---:|",
     ]
@@ -154,9 +177,11 @@ def report(seq_lens: list[int], reps: int, samples: dict, mems: dict, load: tupl
                 continue
             rf, rs = ratios(s, m, "fox_chunked"), ratios(s, m, "sdpa_causal")
             mem = mems.get((T, m))
-            lines.append(f"| {T} | {LABELS[m]} | {spread(s[m], 1) if m in s else '—'} | "
-                         f"{spread(rf, 2) if rf else '—'} | {spread(rs, 2) if rs else '—'} | "
-                         f"{'—' if mem is None else f'{mem:.0f}'} |")
+            lines.append(
+                f"| {T} | {LABELS[m]} | {spread(s[m], 1) if m in s else '—'} | "
+                f"{spread(rf, 2) if rf else '—'} | {spread(rs, 2) if rs else '—'} | "
+                f"{'—' if mem is None else f'{mem:.0f}'} |"
+            )
     lines += ["", "## Targets (the project's)", ""]
     for T, ref, limit in TARGETS:
         r = ratios(samples.get(T, {}), "fpa_chunked", ref)
@@ -165,9 +190,11 @@ def report(seq_lens: list[int], reps: int, samples: dict, mems: dict, load: tupl
             lines.append(f"{what}: NOT RUN")
             continue
         med = statistics.median(r)
-        lines.append(f"{what}: **{'MET' if med <= limit else 'MISSED'}** ({med:.2f}x, per-repetition "
-                     f"[{min(r):.2f}, {max(r):.2f}]; {statistics.median(samples[T]['fpa_chunked']):.1f} ms vs "
-                     f"{statistics.median(samples[T][ref]):.1f} ms)")
+        lines.append(
+            f"{what}: **{'MET' if med <= limit else 'MISSED'}** ({med:.2f}x, per-repetition "
+            f"[{min(r):.2f}, {max(r):.2f}]; {statistics.median(samples[T]['fpa_chunked']):.1f} ms vs "
+            f"{statistics.median(samples[T][ref]):.1f} ms)"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -202,8 +229,11 @@ def main() -> None:
                 if rep > 0:
                     s[m].append(t)
         samples[T] = s
-        print(f"T={T}: " + ", ".join(f"{m} {statistics.median(v):.1f} ms" for m, v in s.items()), file=sys.stderr,
-              flush=True)
+        print(
+            f"T={T}: " + ", ".join(f"{m} {statistics.median(v):.1f} ms" for m, v in s.items()),
+            file=sys.stderr,
+            flush=True,
+        )
         if not args.no_mem:
             for m in methods:
                 if m in ("fpa_chunked", "fox_chunked", "sdpa_causal", "fpa_reference"):

@@ -29,11 +29,17 @@ import torch
 from fpa.models import FPAConfig, FPAForCausalLM
 
 METHODS = [
-    ("softmax_rope", {}), ("softmax_alibi", {}), ("softmax_nope", {}), ("fox", {}),
-    ("fpa", {"fpa_mode": "free"}), ("fpa", {"fpa_mode": "walk"}),
+    ("softmax_rope", {}),
+    ("softmax_alibi", {}),
+    ("softmax_nope", {}),
+    ("fox", {}),
+    ("fpa", {"fpa_mode": "free"}),
+    ("fpa", {"fpa_mode": "walk"}),
 ]
-SHAPES = {"tiny 4x512": dict(batch=4, seq_len=512, overrides={}),
-          "repro 32x128": dict(batch=32, seq_len=128, overrides=dict(num_hidden_layers=2, vocab_size=257))}
+SHAPES = {
+    "tiny 4x512": dict(batch=4, seq_len=512, overrides={}),
+    "repro 32x128": dict(batch=32, seq_len=128, overrides=dict(num_hidden_layers=2, vocab_size=257)),
+}
 TARGET = 1.15  # FPA walk / free step time <= 1.15x FoX's
 
 
@@ -83,7 +89,8 @@ def step_benchmark(name: str, batch: int, seq_len: int, overrides: dict, reps: i
             for key, step in steps.items():
                 times[key].append(step(ids))
     lines = [
-        f"## {name}: batch {batch} x {seq_len}" + (f", {overrides}" if overrides else ""), "",
+        f"## {name}: batch {batch} x {seq_len}" + (f", {overrides}" if overrides else ""),
+        "",
         f"Median of {reps} steps after the warm-up step [min, max]; ratio = median of per-repetition ratios to FoX.",
         "",
         "| attention | params | eager step ms | eager tokens/s | eager / FoX | compiled step ms | compiled tokens/s "
@@ -98,8 +105,11 @@ def step_benchmark(name: str, batch: int, seq_len: int, overrides: dict, reps: i
         t = times[key]
         r = [a / b for a, b in zip(t, times[ref])]
         med = statistics.median(t)
-        return [f"{med * 1e3:.1f} [{min(t) * 1e3:.0f}, {max(t) * 1e3:.0f}]", f"{tok / med:,.0f}",
-                f"{statistics.median(r):.2f} [{min(r):.2f}, {max(r):.2f}]"]
+        return [
+            f"{med * 1e3:.1f} [{min(t) * 1e3:.0f}, {max(t) * 1e3:.0f}]",
+            f"{tok / med:,.0f}",
+            f"{statistics.median(r):.2f} [{min(r):.2f}, {max(r):.2f}]",
+        ]
 
     for att, kw in METHODS:
         n = label(att, kw)
@@ -113,8 +123,10 @@ def step_benchmark(name: str, batch: int, seq_len: int, overrides: dict, reps: i
     for n in ("fpa-walk", "fpa-free"):
         for comp in (False, True) if compiled else (False,):
             r = statistics.median([a / b for a, b in zip(times[(n, comp)], times[("fox", comp)])])
-            lines.append(f"- {n} {'compiled' if comp else 'eager'} step <= {TARGET}x FoX's: "
-                         f"**{'MET' if r <= TARGET else 'MISSED'}** ({r:.2f}x)")
+            lines.append(
+                f"- {n} {'compiled' if comp else 'eager'} step <= {TARGET}x FoX's: "
+                f"**{'MET' if r <= TARGET else 'MISSED'}** ({r:.2f}x)"
+            )
     return lines + [""]
 
 
@@ -124,16 +136,33 @@ def train_benchmark(batch: int, seq_len: int, steps: int, workdir: str) -> list[
     from fpa.train.metrics import read_metrics
 
     data = prepare_corpus("stdlib", os.path.join(workdir, "data"), max_bytes=4_000_000)
-    lines = ["## End to end through `fpa.train.train`", "",
-             f"byte-level stdlib corpus (vocab 257), batch={batch}, seq_len={seq_len}, {steps} steps per type, one run "
-             "after another (not interleaved); median per-step tokens/s over steps 2..N.", "",
-             "| attention | tokens/s (median step) | final train loss |", "|---|---:|---:|"]
+    lines = [
+        "## End to end through `fpa.train.train`",
+        "",
+        f"byte-level stdlib corpus (vocab 257), batch={batch}, seq_len={seq_len}, {steps} steps per type, one run "
+        "after another (not interleaved); median per-step tokens/s over steps 2..N.",
+        "",
+        "| attention | tokens/s (median step) | final train loss |",
+        "|---|---:|---:|",
+    ]
     for att, kw in METHODS:
         name = label(att, kw)
-        cfg = TrainConfig(out_dir=os.path.join(workdir, name), data_dir=str(data), preset="tiny", attention=att,
-                          fpa_mode=kw.get("fpa_mode", "free"), seq_len=seq_len, batch_size=batch, steps=steps,
-                          warmup_steps=2, log_every=1, eval_every=steps, ckpt_every=steps, eval_batches=1,
-                          progress=False)
+        cfg = TrainConfig(
+            out_dir=os.path.join(workdir, name),
+            data_dir=str(data),
+            preset="tiny",
+            attention=att,
+            fpa_mode=kw.get("fpa_mode", "free"),
+            seq_len=seq_len,
+            batch_size=batch,
+            steps=steps,
+            warmup_steps=2,
+            log_every=1,
+            eval_every=steps,
+            ckpt_every=steps,
+            eval_batches=1,
+            progress=False,
+        )
         summary = train(cfg)
         rates = [r["tokens_per_s"] for r in read_metrics(cfg.out_dir)][1:]
         lines.append(f"| {name} | {statistics.median(rates):,.0f} | {summary['final_train_loss']:.3f} |")
@@ -146,8 +175,9 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--train-steps", type=int, default=0, help="steps per type through fpa.train.train (0 skips)")
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                                                  "train-throughput-cpu.md"))
+    ap.add_argument(
+        "--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "train-throughput-cpu.md")
+    )
     ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: the default)")
     args = ap.parse_args()
     if args.threads:
@@ -161,12 +191,15 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as work:
             body += train_benchmark(4, 512, args.train_steps, work)
     load1 = "/".join(f"{x:.2f}" for x in os.getloadavg())
-    head = ["# Training throughput, `tiny` preset (CPU)", "",
-            f"torch {torch.__version__}, threads={torch.get_num_threads()}, {os.cpu_count()} CPUs, fp32. Load average "
-            f"(1/5/15 min) at the start: {load0}; at the end: {load1}. All types and modes interleaved in one process "
-            "(ratios hold under load; absolute numbers do not). Produced by `python "
-            "benchmarks/bench_train_throughput.py`.",
-            ""]
+    head = [
+        "# Training throughput, `tiny` preset (CPU)",
+        "",
+        f"torch {torch.__version__}, threads={torch.get_num_threads()}, {os.cpu_count()} CPUs, fp32. Load average "
+        f"(1/5/15 min) at the start: {load0}; at the end: {load1}. All types and modes interleaved in one process "
+        "(ratios hold under load; absolute numbers do not). Produced by `python "
+        "benchmarks/bench_train_throughput.py`.",
+        "",
+    ]
     text = "\n".join(head + body)
     print(text)
     from fpa.data.atomic import atomic_write_text

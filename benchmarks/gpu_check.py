@@ -58,8 +58,11 @@ def _case_inputs(kind: str, dtype, B, Hq, Hkv, Tq, Tk, D, device, seed) -> dict:
     r = lambda *s: torch.randn(*s, generator=g, device=device)  # noqa: E731
     xs = dict(q=r(B, Hq, Tq, D), k=r(B, Hkv, Tk, D), v=r(B, Hkv, Tk, D))
     if kind == "fpa":
-        xs.update(field=torch.cumsum(0.3 * r(B, Hq, Tk), -1), level=torch.cumsum(0.3 * r(B, Hq, Tk), -1) + r(B, Hq, Tk),
-                  beta=torch.rand(Hq, generator=g, device=device) + 0.25)
+        xs.update(
+            field=torch.cumsum(0.3 * r(B, Hq, Tk), -1),
+            level=torch.cumsum(0.3 * r(B, Hq, Tk), -1) + r(B, Hq, Tk),
+            beta=torch.rand(Hq, generator=g, device=device) + 0.25,
+        )
     else:
         xs["log_f"] = F.logsigmoid(r(B, Hq, Tk) + 2.0)
     return {n: (t.to(dtype) if n in ("q", "k", "v") else t).requires_grad_(True) for n, t in xs.items()}
@@ -76,8 +79,9 @@ def _run_case(kind: str, backend: str, xs: dict, w: torch.Tensor, grads: bool) -
         o = forgetting_attention(xs["q"], xs["k"], xs["v"], xs["log_f"], backend="reference")
     else:
         field, level = fox_as_fpa(xs["log_f"])
-        o = first_passage_attention(xs["q"], xs["k"], xs["v"], field, level, beta=1.0, backend=backend,
-                                    check_inputs=False)
+        o = first_passage_attention(
+            xs["q"], xs["k"], xs["v"], field, level, beta=1.0, backend=backend, check_inputs=False
+        )
     if not grads:
         return [o.detach()]
     return [o.detach(), *torch.autograd.grad((o.float() * w).sum(), leaves)]
@@ -89,16 +93,25 @@ def correctness(device: str, dry: bool, clock: Clock) -> tuple[list[str], dict[s
     if dry:
         cases = [("fpa", f32, 1, 2, 1, 9, 21, 16), ("fox", f32, 1, 2, 2, 17, 17, 16), ("fpa", b16, 1, 2, 1, 20, 20, 16)]
     else:  # kind, dtype, B, Hq, Hkv, Tq, Tk, D
-        cases = [("fpa", f32, 2, 4, 2, 77, 150, 64), ("fpa", b16, 2, 4, 2, 77, 150, 128),
-                 ("fpa", b16, 1, 2, 1, 129, 129, 128), ("fpa", f32, 1, 2, 1, 1, 333, 64),
-                 ("fox", f32, 1, 2, 2, 1000, 1000, 64), ("fox", b16, 2, 4, 2, 300, 517, 128),
-                 ("fpa", b16, 1, 4, 2, 4096, 4096, 128), ("fox", b16, 1, 2, 2, 4096, 4096, 64)]
-    lines = ["## (a) Correctness against the dense reference", "",
-             "Relative RMS / max abs error of the output and of every gradient (worst over the inputs); "
-             "tolerances: forward float32 2e-5 / 2e-4, bfloat16 2e-2 / 5e-2; gradients 4x / 20x those.", "",
-             "| backend | kind | dtype | B, Hq, Hkv, Tq, Tk, D | forward rms / max | worst gradient rms / max | "
-             "verdict |",
-             "|---|---|---|---|---|---|---|"]
+        cases = [
+            ("fpa", f32, 2, 4, 2, 77, 150, 64),
+            ("fpa", b16, 2, 4, 2, 77, 150, 128),
+            ("fpa", b16, 1, 2, 1, 129, 129, 128),
+            ("fpa", f32, 1, 2, 1, 1, 333, 64),
+            ("fox", f32, 1, 2, 2, 1000, 1000, 64),
+            ("fox", b16, 2, 4, 2, 300, 517, 128),
+            ("fpa", b16, 1, 4, 2, 4096, 4096, 128),
+            ("fox", b16, 1, 2, 2, 4096, 4096, 64),
+        ]
+    lines = [
+        "## (a) Correctness against the dense reference",
+        "",
+        "Relative RMS / max abs error of the output and of every gradient (worst over the inputs); "
+        "tolerances: forward float32 2e-5 / 2e-4, bfloat16 2e-2 / 5e-2; gradients 4x / 20x those.",
+        "",
+        "| backend | kind | dtype | B, Hq, Hkv, Tq, Tk, D | forward rms / max | worst gradient rms / max | verdict |",
+        "|---|---|---|---|---|---|---|",
+    ]
     verdict = {"triton": True, "flex": True}
     for i, (kind, dtype, B, Hq, Hkv, Tq, Tk, D) in enumerate(cases):
         xs = _case_inputs(kind, dtype, B, Hq, Hkv, Tq, Tk, D, device, seed=i)
@@ -163,6 +176,7 @@ def _methods(H: int, D: int) -> dict:
             f = x[fieldname]
             beta = torch.ones(H, device=f.device)
             return fpa_triton(x["q"], x["k"], x["v"], f, f, f[..., :0], beta, D**-0.5, skip_tolerance=skip)
+
         return fn
 
     def sdpa(x):
@@ -172,10 +186,13 @@ def _methods(H: int, D: int) -> dict:
         with sdpa_kernel(backend):
             return F.scaled_dot_product_attention(x["q"], x["k"], x["v"], is_causal=True)
 
-    return {"FPA triton": via_triton("walk", None), f"FPA triton, skip {SKIP_TOL:g}": via_triton("walk", SKIP_TOL),
-            "FoX via triton": via_triton("cum", None),
-            f"FoX via triton, skip {SKIP_TOL:g}": via_triton("cum", SKIP_TOL),
-            "SDPA flash": sdpa}
+    return {
+        "FPA triton": via_triton("walk", None),
+        f"FPA triton, skip {SKIP_TOL:g}": via_triton("walk", SKIP_TOL),
+        "FoX via triton": via_triton("cum", None),
+        f"FoX via triton, skip {SKIP_TOL:g}": via_triton("cum", SKIP_TOL),
+        "SDPA flash": sdpa,
+    }
 
 
 def _time_ms(fn, x, reps: int) -> float:
@@ -232,12 +249,17 @@ def speed(device: str, dry: bool, clock: Clock, reps: int) -> list[str]:
             print(f"T={T} {name}: {rows[(name, T)]}", flush=True)
         del x
     ref = "FoX via triton"
-    lines = ["## (b) Forward + backward time (ms), bf16", "",
-             f"H={H}, D={D}, batch = {tokens} // T; q, k L2-normalised x sqrt(D); FPA field = level = a walk "
-             "(cumsum of 0.5 N(0,1) steps); FoX field = cumsum(logsigmoid(N(0,1) + 3)); beta = 1. Median of "
-             f"{reps} calls after a warm-up; (ratio to {ref}). Triton under its interpreter in a dry run: "
-             "those times mean nothing.", "",
-             "| method | " + " | ".join(f"T={T}" for T in seq_lens) + " |", "|---|" + "---:|" * len(seq_lens)]
+    lines = [
+        "## (b) Forward + backward time (ms), bf16",
+        "",
+        f"H={H}, D={D}, batch = {tokens} // T; q, k L2-normalised x sqrt(D); FPA field = level = a walk "
+        "(cumsum of 0.5 N(0,1) steps); FoX field = cumsum(logsigmoid(N(0,1) + 3)); beta = 1. Median of "
+        f"{reps} calls after a warm-up; (ratio to {ref}). Triton under its interpreter in a dry run: "
+        "those times mean nothing.",
+        "",
+        "| method | " + " | ".join(f"T={T}" for T in seq_lens) + " |",
+        "|---|" + "---:|" * len(seq_lens),
+    ]
     for name in fns:
         cells = []
         for T in seq_lens:
@@ -245,8 +267,12 @@ def speed(device: str, dry: bool, clock: Clock, reps: int) -> list[str]:
             ratio = f" ({t / f:.2f}x)" if isinstance(t, float) and isinstance(f, float) else ""
             cells.append(f"{t:.2f}{ratio}" if isinstance(t, float) else str(t))
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    lines += ["", f"Off-diagonal tile pairs skipped at skip_tolerance={SKIP_TOL:g}: "
-              + "; ".join(f"{n} T={T}: {v:.1%}" for (n, T), v in skips.items()), ""]
+    lines += [
+        "",
+        f"Off-diagonal tile pairs skipped at skip_tolerance={SKIP_TOL:g}: "
+        + "; ".join(f"{n} T={T}: {v:.1%}" for (n, T), v in skips.items()),
+        "",
+    ]
     return lines
 
 
@@ -277,8 +303,11 @@ def model_skips(model_dir: str, device: str, clock: Clock, T: int) -> list[str]:
     for h in hooks:
         h.remove()
     fr = [_skip_fraction(*c) for c in captured]
-    return [f"Trained model `{model_dir}` ({model.config.fpa_mode} mode), random ids, T={T}: off-diagonal tile "
-            f"pairs skipped at skip_tolerance={SKIP_TOL:g} per FPA layer: " + ", ".join(f"{f:.1%}" for f in fr), ""]
+    return [
+        f"Trained model `{model_dir}` ({model.config.fpa_mode} mode), random ids, T={T}: off-diagonal tile "
+        f"pairs skipped at skip_tolerance={SKIP_TOL:g} per FPA layer: " + ", ".join(f"{f:.1%}" for f in fr),
+        "",
+    ]
 
 
 # ---------------------------------------------------------------- (c) training throughput
@@ -291,11 +320,16 @@ def training(device: str, dry: bool, clock: Clock, fpa_backend: str) -> list[str
 
     batch, T, steps = (2, 64, 2) if dry else (8, 1024, 10)
     over = dict(num_hidden_layers=2) if dry else {}
-    lines = ["## (c) Training throughput, tiny preset", "",
-             f"batch {batch} x {T}, AdamW over fpa.train.parameter_groups, "
-             f"{'bf16 autocast, ' if device == 'cuda' else ''}median of {steps} steps after 2 warm-up steps; "
-             f"FPA layers on backend {fpa_backend!r}, FoX on its chunked backend.", "",
-             "| attention | tokens/s | step ms |", "|---|---:|---:|"]
+    lines = [
+        "## (c) Training throughput, tiny preset",
+        "",
+        f"batch {batch} x {T}, AdamW over fpa.train.parameter_groups, "
+        f"{'bf16 autocast, ' if device == 'cuda' else ''}median of {steps} steps after 2 warm-up steps; "
+        f"FPA layers on backend {fpa_backend!r}, FoX on its chunked backend.",
+        "",
+        "| attention | tokens/s | step ms |",
+        "|---|---:|---:|",
+    ]
     for att, kw in (("softmax_rope", {}), ("fox", {}), ("fpa", {"fpa_mode": "walk"}), ("fpa", {"fpa_mode": "free"})):
         name = f"fpa-{kw['fpa_mode']}" if kw else att
         if clock.left() < 30:
@@ -341,8 +375,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.dry_run and os.environ.get("TRITON_INTERPRET") != "1":
         # triton reads TRITON_INTERPRET at import: run again in a fresh process with it set
-        env = dict(os.environ, TRITON_INTERPRET="1", FPA_GPU_CHECK_RECORD=os.environ.get(
-            "FPA_GPU_CHECK_RECORD", str(Path(os.devnull))))
+        env = dict(
+            os.environ,
+            TRITON_INTERPRET="1",
+            FPA_GPU_CHECK_RECORD=os.environ.get("FPA_GPU_CHECK_RECORD", str(Path(os.devnull))),
+        )
         return subprocess.run([sys.executable, os.path.abspath(__file__), *sys.argv[1:]], env=env).returncode
     if not args.dry_run and not torch.cuda.is_available():
         print("gpu_check.py needs a CUDA GPU (or --dry-run on CPU)", file=sys.stderr)
@@ -359,15 +396,21 @@ def main(argv: list[str] | None = None) -> int:
         triton_version = "not installed"
     from fpa.ops import gpu_verified
 
-    head = [f"# GPU check: {dev_name}", "",
-            f"torch {torch.__version__}, triton {triton_version}, fpa GPU sources {gpu_verified.source_hash()}. "
-            "Produced by `python benchmarks/gpu_check.py" + (" --dry-run`." if args.dry_run else "`."), ""]
+    head = [
+        f"# GPU check: {dev_name}",
+        "",
+        f"torch {torch.__version__}, triton {triton_version}, fpa GPU sources {gpu_verified.source_hash()}. "
+        "Produced by `python benchmarks/gpu_check.py" + (" --dry-run`." if args.dry_run else "`."),
+        "",
+    ]
     lines, verdict = correctness(device, args.dry_run, clock)
     print("\n".join(lines), flush=True)
     if not args.dry_run:
         path = gpu_verified.write_verdicts(torch.device("cuda"), verdict, "\n".join(lines))
-        lines.append(f"Recorded in `{path}`: `auto` on this GPU now picks "
-                     f"{', '.join(b for b, v in verdict.items() if v) or 'neither (chunked)'}.")
+        lines.append(
+            f"Recorded in `{path}`: `auto` on this GPU now picks "
+            f"{', '.join(b for b, v in verdict.items() if v) or 'neither (chunked)'}."
+        )
         lines.append("")
     lines += speed(device, args.dry_run, clock, 1 if args.dry_run else args.reps)
     if args.model:
@@ -375,8 +418,9 @@ def main(argv: list[str] | None = None) -> int:
             lines += model_skips(args.model, device, clock, 256 if args.dry_run else 4096)
         except Exception as e:  # noqa: BLE001
             lines += [f"Model tile skipping failed: {type(e).__name__}: {e}", ""]
-    lines += training(device, args.dry_run, clock,
-                      "chunked" if args.dry_run else ("triton" if verdict["triton"] else "chunked"))
+    lines += training(
+        device, args.dry_run, clock, "chunked" if args.dry_run else ("triton" if verdict["triton"] else "chunked")
+    )
     lines.append(f"Total {time.time() - clock.t0:.0f} s.")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(head + lines) + "\n")

@@ -63,7 +63,7 @@ def _imports(name: str, path: Path, top_level_only: bool = False) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = name.split(".") if is_pkg else name.split(".")[:-1]
-                base = base[:len(base) - (node.level - 1)]
+                base = base[: len(base) - (node.level - 1)]
                 mod = ".".join(base + ([node.module] if node.module else []))
             else:
                 mod = node.module or ""
@@ -156,8 +156,11 @@ def test_import_fpa_stays_light():
     """fpa/__init__.py imports no fpa subpackage at module level (fpa.ops only lazily, in
     __getattr__), so ``import fpa`` imports neither torch nor transformers."""
     assert _imports("fpa", MODULES["fpa"], top_level_only=True) == set()
-    top = {n.names[0].name if isinstance(n, ast.Import) else n.module
-           for n in ast.parse(MODULES["fpa"].read_text()).body if isinstance(n, (ast.Import, ast.ImportFrom))}
+    top = {
+        n.names[0].name if isinstance(n, ast.Import) else n.module
+        for n in ast.parse(MODULES["fpa"].read_text()).body
+        if isinstance(n, (ast.Import, ast.ImportFrom))
+    }
     assert not top & {"torch", "transformers", "importlib", "importlib.abc", "sys"}, top
 
 
@@ -169,11 +172,18 @@ def test_imports_at_run_time():
     """What the table means at run time: ``import fpa`` imports neither torch nor transformers,
     ``import fpa.layers`` imports nothing of fpa.cache (nor transformers), and ``import fpa.models``
     registers the Auto classes."""
-    code = ("import sys\nimport fpa\nassert 'torch' not in sys.modules and 'transformers' not in sys.modules\n"
-            "import fpa.layers\nassert not [m for m in sys.modules if m.startswith(('fpa.cache', 'fpa.models'))]\n"
-            "assert 'transformers' not in sys.modules\n"
-            "import fpa.models\nfrom transformers import AutoConfig\n"
-            "assert type(AutoConfig.for_model('fpa')).__name__ == 'FPAConfig'\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "PYTHONPATH": str(SRC)})
+    code = (
+        "import sys\nimport fpa\nassert 'torch' not in sys.modules and 'transformers' not in sys.modules\n"
+        "import fpa.layers\nassert not [m for m in sys.modules if m.startswith(('fpa.cache', 'fpa.models'))]\n"
+        "assert 'transformers' not in sys.modules\n"
+        "import fpa.models\nfrom transformers import AutoConfig\n"
+        "assert type(AutoConfig.for_model('fpa')).__name__ == 'FPAConfig'\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(SRC)},
+    )
     assert out.returncode == 0, out.stderr[-2000:]

@@ -8,16 +8,30 @@ from fpa.layers.attention import make_attention
 from fpa.models import FPAConfig, FPAForCausalLM
 from fpa.ops import dip
 
-TYPES = [("fpa", "free"), ("fpa", "walk"), ("fox", "free"), ("softmax_rope", "free"),
-         ("softmax_alibi", "free"), ("softmax_nope", "free")]
+TYPES = [
+    ("fpa", "free"),
+    ("fpa", "walk"),
+    ("fox", "free"),
+    ("softmax_rope", "free"),
+    ("softmax_alibi", "free"),
+    ("softmax_nope", "free"),
+]
 
 
 def tiny_model(att="fpa", mode="free", seed=0, **kw):
     """A 2-layer random model, GQA (4 query heads, 2 KV heads), vocab 37."""
     torch.manual_seed(seed)
     kw.setdefault("num_key_value_heads", 2)
-    c = FPAConfig(vocab_size=37, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                  intermediate_size=48, attention=att, fpa_mode=mode, **kw)
+    c = FPAConfig(
+        vocab_size=37,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=48,
+        attention=att,
+        fpa_mode=mode,
+        **kw,
+    )
     return FPAForCausalLM(c).eval()
 
 
@@ -30,8 +44,17 @@ def forgetful_layer(kind, seed=0, num_kv_heads=2, qk_norm=False, hidden=32, head
         torch.nn.init.normal_(layer.fgate_proj.weight, std=0.5)
     else:
         mode, _, offset = kind.partition("-")
-        layer = make_attention("fpa", hidden, heads, num_kv_heads, fpa_mode=mode, qk_norm=qk_norm,
-                               field_init_std=0.5, beta_init=1.0, level_offset=offset or "none")
+        layer = make_attention(
+            "fpa",
+            hidden,
+            heads,
+            num_kv_heads,
+            fpa_mode=mode,
+            qk_norm=qk_norm,
+            field_init_std=0.5,
+            beta_init=1.0,
+            level_offset=offset or "none",
+        )
     if qk_norm:
         with torch.no_grad():
             layer.q_norm.weight.uniform_(0.5, 1.5)

@@ -23,7 +23,7 @@ def _calls(model, x, cache, chunks):
     out, held, a = [], [], 0
     with torch.no_grad():
         for n in chunks:
-            out.append(model(x[:, a:a + n], past_key_values=cache, use_cache=True).logits)
+            out.append(model(x[:, a : a + n], past_key_values=cache, use_cache=True).logits)
             held.append((a + n, cache.keys_held()))
             a += n
     return torch.cat(out, 1), held
@@ -31,7 +31,8 @@ def _calls(model, x, cache, chunks):
 
 # every type, and FPA walk with a per-token level offset (softplus(1) = 1.3 at init: it changes the outputs)
 CASES = [pytest.param(a, m, {}, id=f"{a}-{m}") for a, m in TYPES] + [
-    pytest.param("fpa", "walk", dict(fpa_level_offset="token", fpa_level_offset_bias_init=1.0), id="fpa-walk-token")]
+    pytest.param("fpa", "walk", dict(fpa_level_offset="token", fpa_level_offset_bias_init=1.0), id="fpa-walk-token")
+]
 
 
 @pytest.mark.parametrize("att,mode,kw", CASES)
@@ -165,8 +166,8 @@ def test_batch_rows_evict_differently_and_match_alone():
     counts = cache.keys_held()[0]
     assert len(set(counts.flatten().tolist())) > 1 and (counts < 24).all()
     for b in range(3):
-        alone, _ = _calls(m, x[b:b + 1], FPACache(FPAEviction(1.0)), chunks)
-        assert torch.allclose(batched[b:b + 1], alone, atol=1e-4)
+        alone, _ = _calls(m, x[b : b + 1], FPACache(FPAEviction(1.0)), chunks)
+        assert torch.allclose(batched[b : b + 1], alone, atol=1e-4)
     full_cache = FPACache()
     _calls(m, x, full_cache, chunks)
     held, seen = cache.held_and_seen()

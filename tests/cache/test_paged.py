@@ -18,7 +18,7 @@ def _run(model, x, cache, chunks, check=None):
     out, a = [], 0
     with torch.no_grad():
         for n in chunks:
-            out.append(model(x[:, a:a + n], past_key_values=cache, use_cache=True).logits)
+            out.append(model(x[:, a : a + n], past_key_values=cache, use_cache=True).logits)
             a += n
             if check is not None:
                 check(cache)
@@ -33,7 +33,7 @@ def _divergent(att, mode="free", seed=0):
         for layer in m.model.layers:
             a = layer.attn
             if att == "fpa":
-                for lin in ((a.field_proj, a.level_proj) if mode == "free" else (a.increment_proj,)):
+                for lin in (a.field_proj, a.level_proj) if mode == "free" else (a.increment_proj,):
                     lin.weight.normal_(0, 0.5)
                 a.beta_param.copy_(torch.tensor([3.0, 3.0, -6.0, -6.0]))
             elif att == "fox":
@@ -70,9 +70,9 @@ def test_rows_with_different_evictions_match_each_row_alone(att, mode):
     counts = torch.stack(cache.keys_held())
     assert len(set(counts.flatten().tolist())) > 1 or att.startswith("softmax")
     for b in range(3):
-        alone = _run(m, x[b:b + 1], FPACache(policy(), block_size=4), chunks)
+        alone = _run(m, x[b : b + 1], FPACache(policy(), block_size=4), chunks)
         # measured worst |difference| over the six types 1.1e-6; tolerance 1e-5 (9x margin)
-        torch.testing.assert_close(batched[b:b + 1], alone, atol=1e-5, rtol=0)
+        torch.testing.assert_close(batched[b : b + 1], alone, atol=1e-5, rtol=0)
 
 
 def _policies(att):
@@ -91,6 +91,7 @@ def test_every_policy_holds_within_the_bound(att, mode):
     m = _divergent(att, mode, seed=1)
     x = torch.randint(0, 37, (2, 540))
     for policy in _policies(att):
+
         def check(cache, name=policy.name):
             for lc in cache.layers:
                 st = lc.store
@@ -123,8 +124,7 @@ def test_no_creep_over_a_long_decode():
     m = tiny_model("softmax_rope")
     x = torch.randint(0, 37, (2, 420))
     held = []
-    _run(m, x, FPACache(SlidingWindow(30), block_size=8), [20] + [1] * 400,
-         lambda c: held.append(c.bytes_held()))
+    _run(m, x, FPACache(SlidingWindow(30), block_size=8), [20] + [1] * 400, lambda c: held.append(c.bytes_held()))
     assert max(held[200:]) <= max(held[20:200])
 
 

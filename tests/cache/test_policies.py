@@ -16,11 +16,12 @@ def _decode(layer, x, policy, chunks):
     lc = cache.layer(0)
     kept, outs, a = [], [], 0
     for n in chunks:
-        outs.append(layer(x[:, a:a + n], lc))
+        outs.append(layer(x[:, a : a + n], lc))
         cache.step_done()
         a += n
-        kept.append((a, [[set(kept_positions(lc, b, g)) for g in range(layer.num_kv_heads)]
-                         for b in range(x.shape[0])]))
+        kept.append(
+            (a, [[set(kept_positions(lc, b, g)) for g in range(layer.num_kv_heads)] for b in range(x.shape[0])])
+        )
     return kept, cache
 
 
@@ -64,7 +65,7 @@ def test_every_eviction_met_the_rule_and_still_does(kind, num_kv_heads, capture_
     got = torch.cat(outs, 1)  # (B, T, Hq*D)
     kept_before = [[set() for _ in range(num_kv_heads)] for _ in range(B)]
     a = 0
-    for (t, per_row) in kept:
+    for t, per_row in kept:
         allowed = torch.zeros(B, num_kv_heads, t - a, t, dtype=torch.bool)
         for b in range(B):
             for g in range(num_kv_heads):
@@ -108,7 +109,7 @@ def _last_outputs(layer, x):
     h = layer.o_proj.register_forward_pre_hook(lambda m, a: res.append(a[0][:, -1].detach()))
     with torch.no_grad():
         for t in range(x.shape[1]):
-            layer(x[:, :t + 1])
+            layer(x[:, : t + 1])
     h.remove()
     return [r.view(x.shape[0], layer.num_heads, -1) for r in res]
 
@@ -138,7 +139,7 @@ def test_certified_error_within_the_bound(kind, seed, capture_attention):
                 g = hq // 2
                 n = t - len(kept[t - 1][1][b][g])  # keys evicted before query t was answered
                 n_total += n
-                vv = v[b, g, :t + 1]
+                vv = v[b, g, : t + 1]
                 W = n * math.exp(-tau) / (1 + n * math.exp(-tau))
                 live = sorted(kept[t - 1][1][b][g]) + [t]
                 gone = [j for j in range(t) if j not in kept[t - 1][1][b][g]]
@@ -150,9 +151,11 @@ def test_certified_error_within_the_bound(kind, seed, capture_attention):
 
 def test_policy_validation():
     fox, fpa = forgetful_layer("fox"), forgetful_layer("free")
-    for policy, layer, match in ((FPAEviction(1.0), fox, "attention='fpa'"),
-                                 (FoXEviction(1.0), fpa, "attention='fox'"),
-                                 (FPAEviction(1.0, certified=True), fpa, "qk_norm")):
+    for policy, layer, match in (
+        (FPAEviction(1.0), fox, "attention='fpa'"),
+        (FoXEviction(1.0), fpa, "attention='fox'"),
+        (FPAEviction(1.0, certified=True), fpa, "qk_norm"),
+    ):
         with pytest.raises(ValueError, match=match):
             _decode(layer, torch.randn(1, 3, 32), policy, [3])
     for bad in (-1.0, float("nan"), "1", True):

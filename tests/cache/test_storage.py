@@ -8,8 +8,13 @@ from fpa.ops.cached.storage import PAD_BIG, PagedStore
 
 def _fields(B, Hkv, groups, T, D=3, start=0):
     pos = torch.arange(start, start + T, dtype=torch.int32).expand(B, Hkv, T)
-    return dict(k=torch.randn(B, Hkv, T, D), v=torch.randn(B, Hkv, T, D), pos=pos,
-                level=torch.randn(B, Hkv * groups, T), pm=torch.randn(B, Hkv * groups, T))
+    return dict(
+        k=torch.randn(B, Hkv, T, D),
+        v=torch.randn(B, Hkv, T, D),
+        pos=pos,
+        level=torch.randn(B, Hkv * groups, T),
+        pm=torch.randn(B, Hkv * groups, T),
+    )
 
 
 def _store(B=2, Hkv=2, groups=2, C=5, D=3, **kw):
@@ -118,6 +123,7 @@ def test_truncate_and_select_rows():
 
 def test_bad_block_size():
     import pytest
+
     for bad in (0, -1, 2.0, True):
         with pytest.raises(ValueError, match="block_size"):
             PagedStore(1, block_size=bad)

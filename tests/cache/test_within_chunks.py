@@ -14,8 +14,17 @@ TAU = 1.0
 
 def _model(attention="fpa", seed=0):
     torch.manual_seed(seed)
-    cfg = FPAConfig.from_preset("tiny", vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                num_key_value_heads=2, intermediate_size=64, attention=attention, fpa_mode="walk")
+    cfg = FPAConfig.from_preset(
+        "tiny",
+        vocab_size=50,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        attention=attention,
+        fpa_mode="walk",
+    )
     model = FPAForCausalLM(cfg).eval()
     with torch.no_grad():  # penalties that matter: steps of either sign, beta 2
         for block in model.model.layers:
@@ -32,7 +41,7 @@ def _logits(model, ids, policy, chunk):
     """Logits (B, T, V) of every prompt position, fed in chunks of ``chunk`` tokens."""
     cache, out = FPACache(policy), []
     for a in range(0, ids.shape[1], chunk):
-        out.append(model(input_ids=ids[:, a:a + chunk], past_key_values=cache, use_cache=True).logits)
+        out.append(model(input_ids=ids[:, a : a + chunk], past_key_values=cache, use_cache=True).logits)
     return torch.cat(out, 1), cache
 
 

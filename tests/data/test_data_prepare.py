@@ -15,8 +15,8 @@ def test_stdlib_corpus_split_by_file(tmp_path):
     assert 390_000 < sum(meta["tokens"].values()) <= 400_000 + sum(meta["documents"].values())
     # by file: the val stream's first document is one whole stdlib file
     tok, val = load_tokenizer(out), TokenShards(out, "val")
-    ids = val[0:len(val)].tolist()
-    first = tok.decode(ids[:ids.index(tok.eos_id)])
+    ids = val[0 : len(val)].tolist()
+    first = tok.decode(ids[: ids.index(tok.eos_id)])
     assert any(p.read_bytes() == first.encode() for p in stdlib_files()[:1000])
     assert len(stdlib_files()) > 500  # the embedded corpus is really there
 
@@ -48,12 +48,15 @@ def test_val_assignment_is_exact_fraction():
         assert sum(is_val(i, f, 0.37) for i in range(1000)) == round(1000 * f)
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(tokenizer="wordpiece"), "tokenizer must be one of"),
-    (dict(vocab_size=500), "vocab_size must be None for the byte"),
-    (dict(val_fraction=1.5), "val_fraction"),
-    (dict(max_bytes=0), "max_bytes"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(tokenizer="wordpiece"), "tokenizer must be one of"),
+        (dict(vocab_size=500), "vocab_size must be None for the byte"),
+        (dict(val_fraction=1.5), "val_fraction"),
+        (dict(max_bytes=0), "max_bytes"),
+    ],
+)
 def test_bad_arguments(tmp_path, kwargs, match):
     with pytest.raises(ValueError, match=match):
         prepare_corpus("stdlib", tmp_path, **kwargs)
@@ -72,7 +75,7 @@ def test_bpe_preparation(tmp_path):
     tok = load_tokenizer(out)
     assert tok.kind == "bpe" and read_meta(out)["vocab_size"] == tok.vocab_size <= 400
     s = TokenShards(out, "train")
-    assert int(s[0:len(s)].max()) < tok.vocab_size
+    assert int(s[0 : len(s)].max()) < tok.vocab_size
     assert len(s) < 150_000 * 0.8  # BPE compresses
 
 

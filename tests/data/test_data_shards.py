@@ -72,7 +72,7 @@ def test_prepared_corpus_decodes_back_to_the_documents(tmp_path):
     got = []
     for split in ("train", "val"):
         s = TokenShards(out, split)
-        ids = s[0:len(s)].tolist()
+        ids = s[0 : len(s)].tolist()
         assert ids[-1] == tok.eos_id
         got += tok.decode([i if i != tok.eos_id else ord("\x1e") for i in ids]).split("\x1e")[:-1]
     assert sorted(got) == sorted(texts)  # every document exactly once, in one split or the other

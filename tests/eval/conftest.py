@@ -48,9 +48,18 @@ def _tiny_model(attention="fpa", mode="free", seed=0, **overrides):
     from fpa.models import FPAConfig, FPAForCausalLM
 
     torch.manual_seed(seed)
-    cfg = FPAConfig.from_preset("tiny", vocab_size=257, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                num_key_value_heads=2, intermediate_size=64, attention=attention, fpa_mode=mode,
-                                **overrides)
+    cfg = FPAConfig.from_preset(
+        "tiny",
+        vocab_size=257,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        attention=attention,
+        fpa_mode=mode,
+        **overrides,
+    )
     return FPAForCausalLM(cfg).eval()
 
 

@@ -40,8 +40,9 @@ def test_hybrid_keeps_what_the_rule_keeps_within_the_budget(tiny_model, tok):
     for layer in model.model.layers:
         layer.attn.increment_proj.weight.data *= 20
     (rule,) = _curve(model, tok, "fpa", thresholds=(0.5,))
-    capped, loose = policy_curve(model, tok, "fpa+h2o", 64, (2,), (0.0, 1.0), 2, (), (0.1, 1.0), chunk_size=32,
-                                 seed=3, hybrid_threshold=0.5)
+    capped, loose = policy_curve(
+        model, tok, "fpa+h2o", 64, (2,), (0.0, 1.0), 2, (), (0.1, 1.0), chunk_size=32, seed=3, hybrid_threshold=0.5
+    )
     assert capped["kept_fraction"] <= 0.1 + 1e-9 and capped["kept_fraction"] <= rule["kept_fraction"]
     # a budget as large as the prompt: the rule decides alone... except that a budget counts the
     # prompt's tokens only, so the answer tokens fed back may push a few out

@@ -10,7 +10,7 @@ from fpa.eval.growth import fit_exponent, kept_keys_growth
 
 def test_fit_exponent_recovers_power_laws():
     lens = [1024, 2048, 4096, 8192]
-    assert fit_exponent(lens, [3 * x ** 0.5 for x in lens]) == pytest.approx(0.5)
+    assert fit_exponent(lens, [3 * x**0.5 for x in lens]) == pytest.approx(0.5)
     assert fit_exponent(lens, [40.0] * 4) == pytest.approx(0.0, abs=1e-12)
     assert math.isnan(fit_exponent([1024], [3.0]))
 
@@ -19,8 +19,14 @@ def _model():
     from fpa.models import FPAConfig, FPAForCausalLM
 
     torch.manual_seed(0)
-    cfg = FPAConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
-                    attention="fpa", fpa_mode="walk")
+    cfg = FPAConfig(
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        attention="fpa",
+        fpa_mode="walk",
+    )
     return FPAForCausalLM(cfg).eval()
 
 

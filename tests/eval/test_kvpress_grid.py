@@ -15,8 +15,15 @@ HAVE_KVPRESS = importlib.util.find_spec("kvpress") is not None
 
 def rope_model():
     torch.manual_seed(0)
-    c = FPAConfig(vocab_size=257, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
-                  intermediate_size=48, attention="softmax_rope")
+    c = FPAConfig(
+        vocab_size=257,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        intermediate_size=48,
+        attention="softmax_rope",
+    )
     return FPAForCausalLM(c).eval()
 
 
@@ -29,10 +36,10 @@ def test_clear_error_without_kvpress():
 @pytest.mark.skipif(not HAVE_KVPRESS, reason="needs the kvpress extra (transformers < 5.3)")
 def test_three_presses_run_through_kvpress():
     tok, m = ByteTokenizer(), rope_model()
-    g = kvpress_passkey_grid(m, tok, [256], [0.25, 0.75], 2, [0.0, 0.5],
-                             presses=("knorm", "snapkv", "streaming_llm"))
+    g = kvpress_passkey_grid(m, tok, [256], [0.25, 0.75], 2, [0.0, 0.5], presses=("knorm", "snapkv", "streaming_llm"))
     assert [(x["press"], x["compression_ratio"]) for x in g["grids"]] == [
-        (p, r) for p in ("knorm", "snapkv", "streaming_llm") for r in (0.0, 0.5)]
+        (p, r) for p in ("knorm", "snapkv", "streaming_llm") for r in (0.0, 0.5)
+    ]
     for x in g["grids"]:
         assert len(x["accuracy"]) == 1 and len(x["accuracy"][0]) == 2
         target = 1.0 - x["compression_ratio"]

@@ -23,6 +23,7 @@ def test_oracle_one_digit_off_scores_0(oracle, tok, monkeypatch):
     def extra_digit(ids):
         text = tok.decode(ids)
         return ord("7") if text.endswith(tuple(f"{d}" for d in range(10))) and text[-6] == " " else orig(ids)
+
     monkeypatch.setattr(oracle, "_next", extra_digit)
     g = passkey_grid(oracle, tok, [200], [0.5], trials=3, progress=False)
     assert g["accuracy"] == [[0.0]]
@@ -58,8 +59,10 @@ def test_grid_reports_achieved_kept_fraction_of_a_budget_policy(tok, tiny_model)
     def make(length):
         p = make_policy("window", budget=budget_for(0.25, length))
         return FPACache(p), p
-    g = passkey_grid(tiny_model("softmax_rope"), tok, [256], [0.5], trials=2, make_cache=make, chunk_size=64,
-                     progress=False)
+
+    g = passkey_grid(
+        tiny_model("softmax_rope"), tok, [256], [0.5], trials=2, make_cache=make, chunk_size=64, progress=False
+    )
     n_new = 7
     assert g["kept_fraction_mean"] == pytest.approx(64 / (256 + n_new - 1), rel=1e-6)
 

@@ -65,8 +65,9 @@ def test_token_offset_walk_is_the_library_layer():
 
     torch.manual_seed(0)
     layer = TokenOffsetWalk(8, 2, 4, offset_bias_init=-1.0)
-    plain = FirstPassageAttention(8, 2, mode="walk", head_dim=4, walk_increment="linear",
-                                  beta_activation="softplus", level_offset="token")
+    plain = FirstPassageAttention(
+        8, 2, mode="walk", head_dim=4, walk_increment="linear", beta_activation="softplus", level_offset="token"
+    )
     plain.load_state_dict(layer.state_dict())
     assert layer.level_offset_proj.bias.tolist() == [-1.0, -1.0]
     assert layer.beta.tolist() == pytest.approx([0.5266] * 2, abs=1e-4)  # the experiment's initial beta

@@ -8,7 +8,7 @@ from fpa.experiments.analysis import bootstrap_ci, paired, sign_test_p, verdict
 
 
 def test_sign_test_matches_the_binomial_definition():
-    assert sign_test_p([1] * 10) == pytest.approx(2 / 2 ** 10)  # all ten positive: 2 * P(X = 0)
+    assert sign_test_p([1] * 10) == pytest.approx(2 / 2**10)  # all ten positive: 2 * P(X = 0)
     assert sign_test_p([1] * 8 + [-1] * 2) == pytest.approx(2 * (1 + 10 + 45) / 1024)
     assert sign_test_p([1, -1]) == 1.0
     assert sign_test_p([0, 0, 0]) == 1.0  # ties only

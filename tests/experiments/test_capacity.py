@@ -8,13 +8,16 @@ from fpa.experiments.capacity import TrainConfig, run_grid, train_cell
 TINY = TrainConfig(steps=2, batch=4, eval_n=8, log_every=1)
 
 
-@pytest.mark.parametrize("kw,match", [
-    (dict(tasks=["dyck"]), "task must be one of"),
-    (dict(methods=["softmax"]), "method must be one of"),
-    (dict(dims=[0]), "dims must be"),
-    (dict(ms=[]), "ms must be"),
-    (dict(seeds=[]), "seeds must be"),
-])
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        (dict(tasks=["dyck"]), "task must be one of"),
+        (dict(methods=["softmax"]), "method must be one of"),
+        (dict(dims=[0]), "dims must be"),
+        (dict(ms=[]), "ms must be"),
+        (dict(seeds=[]), "seeds must be"),
+    ],
+)
 def test_run_grid_rejects_bad_arguments(kw, match):
     args = dict(tasks=["stack"], methods=["fox"], dims=[1], ms=[2], seeds=[0])
     args.update(kw)
@@ -51,8 +54,11 @@ def test_both_recipes_train(recipe):
     """The dense loss (default) and the legacy final-query loss both run and lower the loss."""
     from fpa.experiments.capacity import RECIPES
 
-    cfg = TrainConfig(**{**RECIPES[recipe], "steps": 30, "batch": 8, "warmup": min(5, RECIPES[recipe]["warmup"])},
-                      eval_n=8, log_every=1)
+    cfg = TrainConfig(
+        **{**RECIPES[recipe], "steps": 30, "batch": 8, "warmup": min(5, RECIPES[recipe]["warmup"])},
+        eval_n=8,
+        log_every=1,
+    )
     r = train_cell("stack", "fpa_walk", 2, 2, (0,), cfg)[0]
     assert r["config"]["dense"] == (recipe == "dense")
     assert np.mean(r["curve"][-5:]) < np.mean(r["curve"][:5])
@@ -88,7 +94,7 @@ def test_train_cell_trains_the_field_heads_at_their_lr_multiplier(monkeypatch):
     monkeypatch.setattr(torch.optim, "Adam", lambda groups, lr: (made.append((groups, lr)), real(groups, lr=lr))[1])
     cfg = TrainConfig(steps=1, batch=2, eval_n=2, log_every=1, lr=0.02)
     train_cell("stack", "fpa_walk", 2, 2, (0, 1), cfg, layer_kwargs={"field_lr_multiplier": 0.1})
-    (groups, lr), = made
+    ((groups, lr),) = made
     rates = sorted(g["initial_lr"] for g in groups)  # the scheduler scales "lr" from these
     assert lr == 0.02 and rates[0] == pytest.approx(0.002) and rates[-1] == pytest.approx(0.02)
     slow = [p for g in groups if g["initial_lr"] == pytest.approx(0.002) for p in g["params"]]

@@ -19,6 +19,7 @@ def test_an_interrupted_stage_is_rerun(tmp_path):
 
     def boom():
         raise KeyboardInterrupt
+
     with pytest.raises(KeyboardInterrupt):
         s.run("b", boom)
     assert not s.done("b") and not (tmp_path / "stages" / "b.json").exists()

@@ -10,9 +10,28 @@ from fpa.experiments.synth_report import read_results
 
 def test_tiny_run_writes_files(tmp_path):
     out = tmp_path / "synth"
-    rc = main(["synth", "--task", "stack,scope", "--methods", "fpa_walk,softmax_alibi", "--dims", "1,2",
-               "--ms", "2", "--seeds", "0,1", "--steps", "3", "--construct-n", "5", "--no-progress",
-               "--out", str(out)])
+    rc = main(
+        [
+            "synth",
+            "--task",
+            "stack,scope",
+            "--methods",
+            "fpa_walk,softmax_alibi",
+            "--dims",
+            "1,2",
+            "--ms",
+            "2",
+            "--seeds",
+            "0,1",
+            "--steps",
+            "3",
+            "--construct-n",
+            "5",
+            "--no-progress",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     data = read_results(out)
     recs = data["records"]
@@ -22,33 +41,47 @@ def test_tiny_run_writes_files(tmp_path):
         assert 0 <= r["target_mass"] <= 1 and 0 <= r["accuracy"] <= 1
         assert r["success"] == (r["target_mass"] >= 0.99 and r["accuracy"] >= 0.99)
     assert "| fpa_walk | 1 |" in (out / "results.md").read_text()
-    for name in ("heatmap_stack.png", "heatmap_scope.png", "curves_stack.png", "curves_scope.png",
-                 "constructive.json", "constructive.md"):
+    for name in (
+        "heatmap_stack.png",
+        "heatmap_scope.png",
+        "curves_stack.png",
+        "curves_scope.png",
+        "constructive.json",
+        "constructive.md",
+    ):
         assert (out / name).stat().st_size > 0
     assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temp files left
 
 
-@pytest.mark.parametrize("args,match", [
-    (["--task", "dyck"], "--task must be"),
-    (["--methods", "softmax"], "--methods must be"),
-    (["--dims", "0"], "--dims must be .* >= 1"),
-    (["--dims", "a"], "--dims must be comma-separated integers"),
-    (["--preset", "huge"], "argument --preset: invalid choice: 'huge'"),  # argparse choices (shown in --help)
-    (["--recipe", "fast"], "argument --recipe: invalid choice: 'fast'"),
-    (["--batch", "0"], "--steps and --batch must be >= 1"),
-    (["--seeds", "5-3"], "--seeds must be comma-separated integers or ranges a-b"),
-    (["--seeds", "0-2,2"], "--seeds lists a value twice"),
-    (["--seeds", "-1"], "--seeds must be comma-separated integers or ranges"),
-    (["--fpa-kwargs", "{}"], "--fpa-kwargs needs an FPA method"),
-    (["--methods", "fpa_walk", "--fpa-kwargs", "[1]"], "--fpa-kwargs must be a JSON object"),
-    (["--methods", "fpa_walk", "--fpa-kwargs", "{fpa_level_offset: 1}"], "--fpa-kwargs must be a JSON object"),
-    (["--methods", "fpa_walk", "--fpa-kwargs", '{"fpa_level_ofset": 1}'], "--fpa-kwargs: .*fpa_level_ofset"),
-    (["--methods", "fpa_walk", "--fpa-kwargs", '{"level_offset_init": 2.0}'],
-     "--fpa-kwargs: unknown FPA arguments .*did you mean 'fpa_level_offset_init'"),  # the layer's name
-    (["--methods", "fpa_walk", "--fpa-kwargs", '{"fpa_level_offset_init": "x"}'], "level_offset_init must be a finite"),
-    (["--methods", "fpa_walk", "--fpa-kwargs", '{"fpa_level_offset": false}'], "got False: use 'none'"),
-    (["--methods", "fpa_walk", "--fpa-kwargs", '{"fpa_mode": "free"}'], "unknown FPA arguments \\['fpa_mode'\\]"),
-])
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        (["--task", "dyck"], "--task must be"),
+        (["--methods", "softmax"], "--methods must be"),
+        (["--dims", "0"], "--dims must be .* >= 1"),
+        (["--dims", "a"], "--dims must be comma-separated integers"),
+        (["--preset", "huge"], "argument --preset: invalid choice: 'huge'"),  # argparse choices (shown in --help)
+        (["--recipe", "fast"], "argument --recipe: invalid choice: 'fast'"),
+        (["--batch", "0"], "--steps and --batch must be >= 1"),
+        (["--seeds", "5-3"], "--seeds must be comma-separated integers or ranges a-b"),
+        (["--seeds", "0-2,2"], "--seeds lists a value twice"),
+        (["--seeds", "-1"], "--seeds must be comma-separated integers or ranges"),
+        (["--fpa-kwargs", "{}"], "--fpa-kwargs needs an FPA method"),
+        (["--methods", "fpa_walk", "--fpa-kwargs", "[1]"], "--fpa-kwargs must be a JSON object"),
+        (["--methods", "fpa_walk", "--fpa-kwargs", "{fpa_level_offset: 1}"], "--fpa-kwargs must be a JSON object"),
+        (["--methods", "fpa_walk", "--fpa-kwargs", '{"fpa_level_ofset": 1}'], "--fpa-kwargs: .*fpa_level_ofset"),
+        (
+            ["--methods", "fpa_walk", "--fpa-kwargs", '{"level_offset_init": 2.0}'],
+            "--fpa-kwargs: unknown FPA arguments .*did you mean 'fpa_level_offset_init'",
+        ),  # the layer's name
+        (
+            ["--methods", "fpa_walk", "--fpa-kwargs", '{"fpa_level_offset_init": "x"}'],
+            "level_offset_init must be a finite",
+        ),
+        (["--methods", "fpa_walk", "--fpa-kwargs", '{"fpa_level_offset": false}'], "got False: use 'none'"),
+        (["--methods", "fpa_walk", "--fpa-kwargs", '{"fpa_mode": "free"}'], "unknown FPA arguments \\['fpa_mode'\\]"),
+    ],
+)
 def test_bad_arguments(tmp_path, capsys, args, match):
     base = {"--task": "stack", "--methods": "fox", "--dims": "1", "--ms": "2", "--seeds": "0", "--steps": "1"}
     for k, v in zip(args[::2], args[1::2]):
@@ -60,10 +93,32 @@ def test_bad_arguments(tmp_path, capsys, args, match):
 
 def test_seed_ranges_and_determinism(tmp_path):
     """--seeds 3-4 means seeds 3 and 4, and the same command gives the same records twice."""
+
     def run(name):
         out = tmp_path / name
-        assert main(["synth", "--task", "stack", "--methods", "fpa_walk", "--dims", "1", "--ms", "2",
-                     "--seeds", "3-4", "--steps", "5", "--no-progress", "--out", str(out)]) == 0
+        assert (
+            main(
+                [
+                    "synth",
+                    "--task",
+                    "stack",
+                    "--methods",
+                    "fpa_walk",
+                    "--dims",
+                    "1",
+                    "--ms",
+                    "2",
+                    "--seeds",
+                    "3-4",
+                    "--steps",
+                    "5",
+                    "--no-progress",
+                    "--out",
+                    str(out),
+                ]
+            )
+            == 0
+        )
         return read_results(out)
 
     a, b = run("a"), run("b")
@@ -74,10 +129,34 @@ def test_seed_ranges_and_determinism(tmp_path):
 def test_fpa_kwargs_reach_the_fpa_layers_only_and_are_recorded(tmp_path):
     """--fpa-kwargs (FPAConfig names) changes the FPA walk (a head offset from 2, then none) and
     leaves FoX alone."""
+
     def run(name, kw):
         out = tmp_path / name
-        assert main(["synth", "--task", "stack", "--methods", "fpa_walk,fox", "--dims", "1", "--ms", "2",
-                     "--seeds", "0", "--steps", "3", "--no-progress", "--fpa-kwargs", kw, "--out", str(out)]) == 0
+        assert (
+            main(
+                [
+                    "synth",
+                    "--task",
+                    "stack",
+                    "--methods",
+                    "fpa_walk,fox",
+                    "--dims",
+                    "1",
+                    "--ms",
+                    "2",
+                    "--seeds",
+                    "0",
+                    "--steps",
+                    "3",
+                    "--no-progress",
+                    "--fpa-kwargs",
+                    kw,
+                    "--out",
+                    str(out),
+                ]
+            )
+            == 0
+        )
         return read_results(out)
 
     two, none = run("two", '{"fpa_level_offset_init": 2.0}'), run("none", '{"fpa_level_offset": "none"}')
@@ -85,8 +164,9 @@ def test_fpa_kwargs_reach_the_fpa_layers_only_and_are_recorded(tmp_path):
     assert two["meta"]["fpa_parametrisation"]["fpa_walk"]["fpa_level_offset_init"] == 2.0
     assert none["meta"]["fpa_parametrisation"]["fpa_walk"]["fpa_level_offset"] == "none"
     assert "fox" not in two["meta"]["fpa_parametrisation"]
-    walk = {name: [r for r in d["records"] if r["method"] == "fpa_walk"][0]
-            for name, d in (("two", two), ("none", none))}
+    walk = {
+        name: [r for r in d["records"] if r["method"] == "fpa_walk"][0] for name, d in (("two", two), ("none", none))
+    }
     fox = [[r for r in d["records"] if r["method"] == "fox"][0] for d in (two, none)]
     assert walk["two"]["curve"] != walk["none"]["curve"]
     assert fox[0]["curve"] == fox[1]["curve"]

@@ -10,14 +10,18 @@ def _val(seed, loss, acc):
 
 
 def _rows():
-    specs = [{"name": "m[a]", "base": "m", "model": {}, "train": {}},
-             {"name": "m[b]", "base": "m", "model": {}, "train": {}},
-             {"name": "m[c]", "base": "m", "model": {}, "train": {}},
-             {"name": "n[a]", "base": "n", "model": {}, "train": {}}]
-    val = {"m[a]": [_val(0, 1.5, [1.0, 0.5]), _val(1, 1.6, [1.0, 0.3])],  # score 0.7
-           "m[b]": [_val(0, 1.4, [1.0, 0.2]), _val(1, 1.4, [1.0, 0.4])],  # score 0.65
-           "m[c]": [_val(0, 1.3, [1.0, 0.48]), _val(1, 1.3, [1.0, 0.3])],  # score 0.695: within 0.01, lower loss
-           "n[a]": [_val(0, 2.0, [0.0, 0.0]), _val(1, 2.0, [0.0, 0.0])]}
+    specs = [
+        {"name": "m[a]", "base": "m", "model": {}, "train": {}},
+        {"name": "m[b]", "base": "m", "model": {}, "train": {}},
+        {"name": "m[c]", "base": "m", "model": {}, "train": {}},
+        {"name": "n[a]", "base": "n", "model": {}, "train": {}},
+    ]
+    val = {
+        "m[a]": [_val(0, 1.5, [1.0, 0.5]), _val(1, 1.6, [1.0, 0.3])],  # score 0.7
+        "m[b]": [_val(0, 1.4, [1.0, 0.2]), _val(1, 1.4, [1.0, 0.4])],  # score 0.65
+        "m[c]": [_val(0, 1.3, [1.0, 0.48]), _val(1, 1.3, [1.0, 0.3])],  # score 0.695: within 0.01, lower loss
+        "n[a]": [_val(0, 2.0, [0.0, 0.0]), _val(1, 2.0, [0.0, 0.0])],
+    }
     return config_rows(specs, val)
 
 
@@ -36,9 +40,11 @@ def test_best_score_then_lowest_loss_within_the_tie_band():
 
 def test_tau_is_the_smallest_within_tolerance_of_the_full_cache():
     full = [1.0, 0.8]  # mean 0.9
-    sweeps = [{"tau": 2.0, "accuracy_by_length": [0.5, 0.3], "kept_by_length": [0.1, 0.1]},
-              {"tau": 8.0, "accuracy_by_length": [1.0, 0.77], "kept_by_length": [0.3, 0.2]},  # 0.885: within 0.02
-              {"tau": 4.0, "accuracy_by_length": [0.9, 0.6], "kept_by_length": [0.2, 0.15]}]
+    sweeps = [
+        {"tau": 2.0, "accuracy_by_length": [0.5, 0.3], "kept_by_length": [0.1, 0.1]},
+        {"tau": 8.0, "accuracy_by_length": [1.0, 0.77], "kept_by_length": [0.3, 0.2]},  # 0.885: within 0.02
+        {"tau": 4.0, "accuracy_by_length": [0.9, 0.6], "kept_by_length": [0.2, 0.15]},
+    ]
     pick = select_tau(full, sweeps, 0.02)
     assert pick["tau"] == 8.0 and pick["within"] and pick["kept"] == pytest.approx(0.25)
     none = select_tau(full, sweeps[:1], 0.02)

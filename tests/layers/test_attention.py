@@ -4,8 +4,14 @@ import torch
 from fpa.layers import ATTENTION_TYPES, FirstPassageAttention, TransformerBlock, make_attention
 from fpa.ops.cached import LayerState
 
-KW = [("fpa", {"fpa_mode": "free"}), ("fpa", {"fpa_mode": "walk"}), ("fox", {}),
-      ("softmax_rope", {}), ("softmax_alibi", {}), ("softmax_nope", {})]
+KW = [
+    ("fpa", {"fpa_mode": "free"}),
+    ("fpa", {"fpa_mode": "walk"}),
+    ("fox", {}),
+    ("softmax_rope", {}),
+    ("softmax_alibi", {}),
+    ("softmax_nope", {}),
+]
 
 
 @pytest.mark.parametrize("att,kw", KW)

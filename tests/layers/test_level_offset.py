@@ -16,8 +16,16 @@ from fpa.train import parameter_groups
 def _token_layer(increment="tanh", seed=0, hidden=16, heads=4, kv_heads=2):
     """A "token" walk layer whose walk, offset and beta all matter (large random field weights)."""
     torch.manual_seed(seed)
-    layer = FirstPassageAttention(hidden, heads, kv_heads, mode="walk", level_offset="token",
-                                  walk_increment=increment, field_init_std=0.5, level_offset_bias_init=0.0)
+    layer = FirstPassageAttention(
+        hidden,
+        heads,
+        kv_heads,
+        mode="walk",
+        level_offset="token",
+        walk_increment=increment,
+        field_init_std=0.5,
+        level_offset_bias_init=0.0,
+    )
     layer.set_beta_(torch.tensor([0.5, 1.0, 2.0, 3.0]))
     return layer.double()
 
@@ -45,11 +53,14 @@ def _oracle(p: dict, x: torch.Tensor, heads: int, kv_heads: int, increment: str,
         for i in range(T):
             logits = []
             for j in range(i + 1):
-                dip = torch.zeros(B, dtype=x.dtype) if j == i else \
-                    torch.relu(level[:, h, j] - field[:, h, j + 1:i + 1].min(-1).values)
+                dip = (
+                    torch.zeros(B, dtype=x.dtype)
+                    if j == i
+                    else torch.relu(level[:, h, j] - field[:, h, j + 1 : i + 1].min(-1).values)
+                )
                 logits.append((q[:, h, i] * k[:, h // G, j]).sum(-1) / math.sqrt(q.shape[-1]) - beta[h] * dip)
             w = torch.softmax(torch.stack(logits, -1), -1)  # (B, i + 1)
-            out[:, h, i] = (w[..., None] * v[:, h // G, :i + 1]).sum(1)
+            out[:, h, i] = (w[..., None] * v[:, h // G, : i + 1]).sum(1)
     return out.transpose(1, 2).reshape(B, T, -1) @ p["o_proj.weight"].T
 
 
@@ -131,37 +142,53 @@ def test_floor_keys_are_evicted_only_with_a_token_offset():
         x = torch.randn(1, 12, 8)
         with torch.no_grad():
             for a in range(0, 12, 3):
-                layer(x[:, a:a + 3], cache.layer(0))
+                layer(x[:, a : a + 3], cache.layer(0))
                 cache.step_done()
         held[level_offset] = int(cache.layer(0).counts().sum())
     assert held == {"none": 12, "token": 1}
 
 
-@pytest.mark.parametrize("kw,words", [
-    (dict(mode="walk", level_offset="bogus"),
-     r"level_offset must be 'auto' or one of \('none', 'head', 'token'\).*'bogus'"),
-    (dict(mode="walk", level_offset=1), r"level_offset must be .auto. or one of .* got 1"),
-    (dict(mode="walk", level_offset=None), r"level_offset must be .auto. or one of .* got None"),
-    (dict(mode="walk", level_offset=True),
-     r"level_offset must be .* got True: use 'none' \(was False\) or 'head' \(was True\)"),
-    (dict(mode="walk", level_offset=False), r"level_offset must be .* got False: use 'none' .* or 'head'"),
-    (dict(mode="free", level_offset="token"), r"level_offset='token' needs mode='walk'.*got mode='free'"),
-    (dict(mode="free", level_offset="head"), r"level_offset='head' needs mode='walk'"),
-    (dict(mode="walk", level_offset="token", level_offset_bias_init=math.nan),
-     "level_offset_bias_init must be a finite number, got nan"),
-    (dict(mode="walk", level_offset="token", level_offset_bias_init="-4"), "level_offset_bias_init must be a finite"),
-    (dict(mode="walk", level_offset="head", level_offset_init=math.inf),
-     "level_offset_init must be a finite number, got inf"),
-    (dict(mode="walk", level_offset="head", level_offset_init=True),
-     "level_offset_init must be a finite number, got True"),
-])
+@pytest.mark.parametrize(
+    "kw,words",
+    [
+        (
+            dict(mode="walk", level_offset="bogus"),
+            r"level_offset must be 'auto' or one of \('none', 'head', 'token'\).*'bogus'",
+        ),
+        (dict(mode="walk", level_offset=1), r"level_offset must be .auto. or one of .* got 1"),
+        (dict(mode="walk", level_offset=None), r"level_offset must be .auto. or one of .* got None"),
+        (
+            dict(mode="walk", level_offset=True),
+            r"level_offset must be .* got True: use 'none' \(was False\) or 'head' \(was True\)",
+        ),
+        (dict(mode="walk", level_offset=False), r"level_offset must be .* got False: use 'none' .* or 'head'"),
+        (dict(mode="free", level_offset="token"), r"level_offset='token' needs mode='walk'.*got mode='free'"),
+        (dict(mode="free", level_offset="head"), r"level_offset='head' needs mode='walk'"),
+        (
+            dict(mode="walk", level_offset="token", level_offset_bias_init=math.nan),
+            "level_offset_bias_init must be a finite number, got nan",
+        ),
+        (
+            dict(mode="walk", level_offset="token", level_offset_bias_init="-4"),
+            "level_offset_bias_init must be a finite",
+        ),
+        (
+            dict(mode="walk", level_offset="head", level_offset_init=math.inf),
+            "level_offset_init must be a finite number, got inf",
+        ),
+        (
+            dict(mode="walk", level_offset="head", level_offset_init=True),
+            "level_offset_init must be a finite number, got True",
+        ),
+    ],
+)
 def test_bad_arguments_are_named(kw, words):
     with pytest.raises(ValueError, match=words):
         FirstPassageAttention(16, 2, **kw)
 
 
 def test_level_offset_is_one_typed_choice():
-    """"auto" is "head" in walk mode and no offset in free mode; "none" is accepted in both."""
+    """ "auto" is "head" in walk mode and no offset in free mode; "none" is accepted in both."""
     assert FirstPassageAttention(16, 2, mode="walk").level_offset_kind == "head"
     assert FirstPassageAttention(16, 2, mode="free").level_offset_kind is None
     for mode in ("free", "walk"):

@@ -77,8 +77,9 @@ def test_the_mask_removes_keys_at_small_tau_and_nothing_at_infinity():
 
 def _walk_layer(seed=0):
     torch.manual_seed(seed)
-    layer = FirstPassageAttention(16, 4, 2, mode="walk", field_init_std=0.5, level_offset="token",
-                                  level_offset_bias_init=-1.0)
+    layer = FirstPassageAttention(
+        16, 4, 2, mode="walk", field_init_std=0.5, level_offset="token", level_offset_bias_init=-1.0
+    )
     layer.set_beta_(torch.tensor([0.5, 1.0, 2.0, 3.0]))
     return layer.double()
 
@@ -96,7 +97,7 @@ def test_training_forward_equals_token_by_token_decoding_under_the_rule(tau):
     with torch.no_grad():
         steps = []
         for t in range(x.shape[1]):
-            steps.append(layer(x[:, t:t + 1], cache.layer(0)))
+            steps.append(layer(x[:, t : t + 1], cache.layer(0)))
             cache.step_done()
         layer.set_training_eviction(None)
         full = layer(x)

@@ -71,8 +71,13 @@ def test_walk_bias_init_sets_the_initial_drift():
     assert torch.allclose(inc, torch.full_like(inc, math.tanh(-1.0)))
 
 
-@pytest.mark.parametrize("kw, match", [({"walk_increment": "relu"}, "walk_increment must be one of"),
-                                       ({"beta_activation": "square"}, "beta_activation must be one of")])
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"walk_increment": "relu"}, "walk_increment must be one of"),
+        ({"beta_activation": "square"}, "beta_activation must be one of"),
+    ],
+)
 def test_bad_options_are_named(kw, match):
     with pytest.raises(ValueError, match=match):
         _layer(**kw)
@@ -87,8 +92,8 @@ def test_gated_increments_reach_zero_and_plus_minus_one():
     with torch.no_grad():
         layer.increment_proj.weight.zero_()
         layer.increment_gate_proj.weight.zero_()
-        layer.increment_proj.weight[:, 0], layer.increment_gate_proj.weight[:, 0] = 1.0, 1.0   # +1
+        layer.increment_proj.weight[:, 0], layer.increment_gate_proj.weight[:, 0] = 1.0, 1.0  # +1
         layer.increment_proj.weight[:, 1], layer.increment_gate_proj.weight[:, 1] = -1.0, 1.0  # -1
-        layer.increment_gate_proj.weight[:, 2] = -1.0                                          # 0
+        layer.increment_gate_proj.weight[:, 2] = -1.0  # 0
     inc = _increments(layer, x)[0, 0]
     assert torch.allclose(inc, torch.tensor([1.0, -1.0, 0.0]), atol=1e-6)

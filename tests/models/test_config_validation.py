@@ -65,8 +65,16 @@ def test_issue_examples():
 
 
 def test_good_values_accepted_and_round_trip(tmp_path):
-    c = FPAConfig(qk_norm=True, rope_theta=500000, rms_norm_eps=1e-5, fpa_field_lr_multiplier=0.0,
-                  fpa_beta_init=-2.0, initializer_range=0.0, num_key_value_heads=2, attention="fox")
+    c = FPAConfig(
+        qk_norm=True,
+        rope_theta=500000,
+        rms_norm_eps=1e-5,
+        fpa_field_lr_multiplier=0.0,
+        fpa_beta_init=-2.0,
+        initializer_range=0.0,
+        num_key_value_heads=2,
+        attention="fox",
+    )
     c.save_pretrained(tmp_path)
     d = FPAConfig.from_pretrained(tmp_path)
     assert (d.qk_norm, d.rope_theta, d.fpa_field_lr_multiplier, d.num_key_value_heads) == (True, 500000, 0.0, 2)
@@ -87,8 +95,11 @@ def test_bad_config_json_fails_on_load(tmp_path):
 
     FPAConfig().save_pretrained(tmp_path)
     d = json.loads((tmp_path / "config.json").read_text())
-    for key, val, words in (("rope_theta", -1, "rope_theta must be > 0"), ("hiden_size", 3, "did you mean"),
-                            ("qk_norm", "no", "qk_norm must be")):
+    for key, val, words in (
+        ("rope_theta", -1, "rope_theta must be > 0"),
+        ("hiden_size", 3, "did you mean"),
+        ("qk_norm", "no", "qk_norm must be"),
+    ):
         (tmp_path / "config.json").write_text(json.dumps({**d, key: val}))
         with pytest.raises(ValueError, match=words):
             FPAConfig.from_pretrained(tmp_path)
@@ -98,23 +109,31 @@ def test_tiny_preset_fits_the_byte_tokenizer():
     assert PRESETS["tiny"]["vocab_size"] == ByteTokenizer.vocab_size == FPAConfig().vocab_size == 257
 
 
-@pytest.mark.parametrize("over, words", [
-    ({"hiden_size": 32}, "unknown FPAConfig keys in model_overrides"),
-    ({"qk_norm": "no"}, "qk_norm must be true or false"),
-    ({"rms_norm_eps": -1}, "rms_norm_eps must be > 0"),
-    ({"attention": "fox"}, "set attention with the training config's own"),
-    ({"num_attention_heads": 3}, r"hidden_size \(128\) must be divisible by num_attention_heads \(3\)"),
-])
+@pytest.mark.parametrize(
+    "over, words",
+    [
+        ({"hiden_size": 32}, "unknown FPAConfig keys in model_overrides"),
+        ({"qk_norm": "no"}, "qk_norm must be true or false"),
+        ({"rms_norm_eps": -1}, "rms_norm_eps must be > 0"),
+        ({"attention": "fox"}, "set attention with the training config's own"),
+        ({"num_attention_heads": 3}, r"hidden_size \(128\) must be divisible by num_attention_heads \(3\)"),
+    ],
+)
 def test_train_config_checks_model_overrides(over, words):
     with pytest.raises(ValueError, match=words):
         TrainConfig(out_dir="x", model_overrides=over)
 
 
-@pytest.mark.parametrize("kw, words", [
-    (dict(preset="huge"), "preset must be one of"), (dict(attention="linear"), "attention must be one of"),
-    (dict(fpa_mode="bogus"), "fpa_mode must be one of"), (dict(tokenizer="wordpiece"), "tokenizer must be one of"),
-    (dict(vocab_size=0), "vocab_size must be None or a positive int"),
-])
+@pytest.mark.parametrize(
+    "kw, words",
+    [
+        (dict(preset="huge"), "preset must be one of"),
+        (dict(attention="linear"), "attention must be one of"),
+        (dict(fpa_mode="bogus"), "fpa_mode must be one of"),
+        (dict(tokenizer="wordpiece"), "tokenizer must be one of"),
+        (dict(vocab_size=0), "vocab_size must be None or a positive int"),
+    ],
+)
 def test_train_config_checks_model_choices(kw, words):
     with pytest.raises(ValueError, match=words):
         TrainConfig(out_dir="x", **kw)
@@ -124,8 +143,10 @@ def test_parametrisation_defaults_new_config_and_legacy_config_json(tmp_path):
     import json
 
     new = FPAConfig(attention="fpa", fpa_mode="walk")
-    assert new.fpa_parametrisation == 2 and FPA_PARAMETRISATIONS == {1: FPA_PARAMETRISATION_LEGACY,
-                                                                      2: FPA_PARAMETRISATION_CURRENT}
+    assert new.fpa_parametrisation == 2 and FPA_PARAMETRISATIONS == {
+        1: FPA_PARAMETRISATION_LEGACY,
+        2: FPA_PARAMETRISATION_CURRENT,
+    }
     assert {k: getattr(new, k) for k in FPA_PARAMETRISATION_CURRENT} == FPA_PARAMETRISATION_CURRENT
     new.save_pretrained(tmp_path / "new")
     assert json.loads((tmp_path / "new" / "config.json").read_text())["fpa_parametrisation"] == 2
@@ -188,8 +209,10 @@ def test_level_offset_values():
     FPAConfig(attention="fox", fpa_level_offset="token")  # an fpa_* key, unused by other attention types
 
 
-@pytest.mark.parametrize("saved, mode, loads", [(False, "walk", "none"), (True, "walk", "head"),
-                                                (False, "free", "none"), (True, "free", "none")])
+@pytest.mark.parametrize(
+    "saved, mode, loads",
+    [(False, "walk", "none"), (True, "walk", "head"), (False, "free", "none"), (True, "free", "none")],
+)
 def test_saved_boolean_level_offset_still_loads(tmp_path, saved, mode, loads):
     """config.json files saved with fpa_level_offset false / true (before "none"/"head"/"token")
     load as "none" / "head"; true in free mode was always ignored, so it loads as "none"."""

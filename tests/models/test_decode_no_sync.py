@@ -40,12 +40,16 @@ def test_decode_steps_make_no_host_sync_in_the_model(att, mode, policy):
             try:
                 with warnings.catch_warnings(record=True) as caught:
                     warnings.simplefilter("always")
-                    outs.append(m(x[:, t:t + 1], past_key_values=cache, use_cache=True,
-                                  attention_mask=mask[:, :t + 1]).logits)
+                    outs.append(
+                        m(
+                            x[:, t : t + 1], past_key_values=cache, use_cache=True, attention_mask=mask[:, : t + 1]
+                        ).logits
+                    )
             finally:
                 torch.cuda.set_sync_debug_mode(0)
-            sites.update(f"{w.filename.rsplit('/src/', 1)[-1]}:{w.lineno}" for w in caught
-                         if "synchroniz" in str(w.message))
+            sites.update(
+                f"{w.filename.rsplit('/src/', 1)[-1]}:{w.lineno}" for w in caught if "synchroniz" in str(w.message)
+            )
     print(f"{att}/{mode} policy={policy}: host syncs per site over 8 decode steps: {dict(sites)}")
     assert not [s for s in sites if "fpa/models/" in s], sites
     if policy is None:

@@ -18,8 +18,16 @@ WEIGHT_STD = 0.1
 
 def rope_model(**kw):
     torch.manual_seed(0)
-    c = FPAConfig(vocab_size=101, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                  intermediate_size=96, attention="softmax_rope", **kw)
+    c = FPAConfig(
+        vocab_size=101,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=96,
+        attention="softmax_rope",
+        **kw,
+    )
     m = FPAForCausalLM(c).eval()
     with torch.no_grad():
         for p in m.parameters():
@@ -50,8 +58,7 @@ def test_llama_logits_equal(tied, tmp_path, one_thread):
         # atol 5e-5: 10x that; a 1% change of the final norm moves them by 0.04, rope_theta by 4.2.
         torch.testing.assert_close(llama(x).logits, ref, atol=5e-5, rtol=0)
         m.save_pretrained(tmp_path)
-        torch.testing.assert_close(to_llama(str(tmp_path))(x).logits, ref,
-                                   atol=5e-5, rtol=0)
+        torch.testing.assert_close(to_llama(str(tmp_path))(x).logits, ref, atol=5e-5, rtol=0)
         # the check can fail: a different RoPE base changes the logits
         m.config.rope_theta = 500.0
         assert (to_llama(m)(x).logits - ref).abs().max() > 1e-2
@@ -67,10 +74,18 @@ def test_llama_greedy_generation_equal():
     assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("kw,match", [(dict(attention="fpa"), "softmax_rope"), (dict(qk_norm=True), "qk_norm"),
-                                      (dict(output_gate=True), "output_gate")])
+@pytest.mark.parametrize(
+    "kw,match",
+    [(dict(attention="fpa"), "softmax_rope"), (dict(qk_norm=True), "qk_norm"), (dict(output_gate=True), "output_gate")],
+)
 def test_refuses_non_llama(kw, match):
-    c = FPAConfig(vocab_size=11, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=8,
-                  **{"attention": "softmax_rope", **kw})
+    c = FPAConfig(
+        vocab_size=11,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=8,
+        **{"attention": "softmax_rope", **kw},
+    )
     with pytest.raises(ValueError, match=match):
         llama_config(c)

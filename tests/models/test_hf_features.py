@@ -60,8 +60,12 @@ def test_crop_restores_the_state_exactly():  # name kept (docs/design.md cites i
         # Not bit for bit: the cropped cache and the fresh one went through different float32 sums
         # (0 with one thread; with two, measured max 6e-8 for this model, 1.5e-7 over the six model
         # types, logits ~0.3). atol 1.5e-6: 10x margin; a wrong running minimum moves them by > 1e-3.
-        torch.testing.assert_close(m(nxt, past_key_values=b, use_cache=True).logits,
-                                   m(nxt, past_key_values=a, use_cache=True).logits, atol=1.5e-6, rtol=0)
+        torch.testing.assert_close(
+            m(nxt, past_key_values=b, use_cache=True).logits,
+            m(nxt, past_key_values=a, use_cache=True).logits,
+            atol=1.5e-6,
+            rtol=0,
+        )
     with pytest.raises(ValueError, match="policy"):
         c = FPACache(FPAEviction(1.0))
         with torch.no_grad():
@@ -78,8 +82,11 @@ def _beam_gap(scores, batch: int, beams: int) -> float:
     gap = float("inf")
     for s in scores:
         top = (running[:, :, None] + s.double().view(batch, beams, -1)).view(batch, -1).topk(2 * beams + 1).values
-        gap = min(gap, (top[:, beams - 1] - top[:, beams]).min().item(),
-                  (top[:, 2 * beams - 1] - top[:, 2 * beams]).min().item())
+        gap = min(
+            gap,
+            (top[:, beams - 1] - top[:, beams]).min().item(),
+            (top[:, 2 * beams - 1] - top[:, 2 * beams]).min().item(),
+        )
         running = top[:, :beams]
     return gap
 
@@ -90,8 +97,14 @@ def test_beam_search_with_cache_equals_without(att):
     assert m.generation_config.eos_token_id is None  # _beam_gap assumes no beam finishes early
     rows = prompts(seed=2, lengths=(7, 4))
     ids, mask = padded(rows, "left")
-    kw = dict(num_beams=3, max_new_tokens=5, attention_mask=mask, num_return_sequences=2,
-              output_scores=True, return_dict_in_generate=True)
+    kw = dict(
+        num_beams=3,
+        max_new_tokens=5,
+        attention_mask=mask,
+        num_return_sequences=2,
+        output_scores=True,
+        return_dict_in_generate=True,
+    )
     a, b = _gen(m, ids, **kw), _gen(m, ids, use_cache=False, **kw)
     # The two paths' log-probabilities: measured max |difference| 4.8e-7; 10x margin.
     for sa, sb in zip(a.scores, b.scores):
@@ -103,8 +116,16 @@ def test_beam_search_with_cache_equals_without(att):
     assert torch.equal(a.sequences, b.sequences)
 
 
-@pytest.mark.parametrize("policy", [lambda: None, lambda: FPAEviction(1.0), lambda: SlidingWindow(5),
-                                    lambda: StreamingLLM(5, sinks=2), lambda: TOVA(5)])
+@pytest.mark.parametrize(
+    "policy",
+    [
+        lambda: None,
+        lambda: FPAEviction(1.0),
+        lambda: SlidingWindow(5),
+        lambda: StreamingLLM(5, sinks=2),
+        lambda: TOVA(5),
+    ],
+)
 def test_helper_and_model_generate_agree(policy):
     m = forgetful("fpa", "free")
     rows = prompts(seed=4, lengths=(11, 6))
@@ -121,8 +142,9 @@ def test_fox_eviction_batched_helper():
     out = generate(m, ids, FPACache(FoXEviction(1.0)), max_new_tokens=4, chunk_size=3, attention_mask=mask)
     for b, r in enumerate(rows):
         # = generate(m, r[None], FPACache(FoXEviction(1.0)), max_new_tokens=4, chunk_size=3), with the scores
-        alone, gap = scored(m, r[None], FPACache(FoXEviction(1.0)), max_new_tokens=4, prefill_chunk_size=3,
-                            pad_token_id=0)
+        alone, gap = scored(
+            m, r[None], FPACache(FoXEviction(1.0)), max_new_tokens=4, prefill_chunk_size=3, pad_token_id=0
+        )
         assert gap >= MIN_GAP, gap  # no near-tie: equal tokens are a tolerance claim
         assert torch.equal(out[b, -4:], alone[0, -4:])
 
@@ -179,8 +201,9 @@ def test_output_attentions_reproduce_the_layer_output(att, mode, cached):
 def test_generate_returns_attentions_and_hidden_states():
     m = forgetful("fpa", "walk")
     ids = prompts(lengths=(5,))[0][None]
-    out = _gen(m, ids, max_new_tokens=3, output_attentions=True, output_hidden_states=True,
-               return_dict_in_generate=True)
+    out = _gen(
+        m, ids, max_new_tokens=3, output_attentions=True, output_hidden_states=True, return_dict_in_generate=True
+    )
     assert len(out.attentions) == 3 and out.attentions[0][0].shape == (1, 4, 5, 5)
     assert out.attentions[1][0].shape[-2] == 1 and len(out.hidden_states[0]) == 3
 
@@ -248,8 +271,10 @@ def test_empty_transformers_cache_is_replaced_and_full_one_refused():
 
 def test_import_fpa_models_registers_auto_classes(tmp_path):
     forgetful("fpa", "walk").save_pretrained(tmp_path)
-    code = ("import fpa.models\nfrom transformers import AutoModelForCausalLM\n"
-            f"m = AutoModelForCausalLM.from_pretrained({str(tmp_path)!r})\nprint(type(m).__name__)")
+    code = (
+        "import fpa.models\nfrom transformers import AutoModelForCausalLM\n"
+        f"m = AutoModelForCausalLM.from_pretrained({str(tmp_path)!r})\nprint(type(m).__name__)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().endswith("FPAForCausalLM")

@@ -9,8 +9,14 @@ import torch
 from fpa.cache import H2O, TOVA, FoXEviction, FPACache, FPAEviction, SlidingWindow, StreamingLLM, generate
 from fpa.models import FPAConfig, FPAForCausalLM
 
-TYPES = [("fpa", "free"), ("fpa", "walk"), ("fox", "free"), ("softmax_rope", "free"),
-         ("softmax_alibi", "free"), ("softmax_nope", "free")]
+TYPES = [
+    ("fpa", "free"),
+    ("fpa", "walk"),
+    ("fox", "free"),
+    ("softmax_rope", "free"),
+    ("softmax_alibi", "free"),
+    ("softmax_nope", "free"),
+]
 # Measured worst |padded - alone| over these tests: 1.7e-7 (float32 sums in another order);
 # tolerance 1e-6, about 6x that.
 ATOL = 1e-6
@@ -42,9 +48,18 @@ def scored(m, ids, cache=None, **kw):
 def forgetful(att, mode, seed=0, **kw):
     """A 2-layer random GQA model whose FPA field / FoX gate actually forget."""
     torch.manual_seed(seed)
-    c = FPAConfig(vocab_size=37, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, intermediate_size=48, attention=att, fpa_mode=mode,
-                  pad_token_id=0, **kw)
+    c = FPAConfig(
+        vocab_size=37,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=48,
+        attention=att,
+        fpa_mode=mode,
+        pad_token_id=0,
+        **kw,
+    )
     m = FPAForCausalLM(c).eval()
     with torch.no_grad():
         for block in m.model.layers:
@@ -99,13 +114,15 @@ def test_mask_through_a_cache_in_chunks(att, mode):
     ids, mask = padded(rows, "left")
     cache = FPACache()
     with torch.no_grad():
-        parts = [m(ids[:, a:a + 3], attention_mask=mask[:, :a + 3], past_key_values=cache, use_cache=True).logits
-                 for a in range(0, 8, 3)]
+        parts = [
+            m(ids[:, a : a + 3], attention_mask=mask[:, : a + 3], past_key_values=cache, use_cache=True).logits
+            for a in range(0, 8, 3)
+        ]
         got = torch.cat(parts, 1)
         assert cache.get_seq_length() == 8  # logical length, padding included
         assert cache.next_position().tolist() == [8, 3]
         for b, r in enumerate(rows):
-            torch.testing.assert_close(got[b, 8 - len(r):], m(r[None]).logits[0], atol=ATOL, rtol=0)
+            torch.testing.assert_close(got[b, 8 - len(r) :], m(r[None]).logits[0], atol=ATOL, rtol=0)
 
 
 def _policies(att):
@@ -122,8 +139,9 @@ def test_batched_generate_gives_each_prompt_its_own_tokens(att, mode):
         kw = {} if make is None else {"past_key_values": FPACache(type(make)(**_args(make)))}
         out = m.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False, **_cache_kw(kw))
         for b, r in enumerate(rows):
-            alone, gap = scored(m, r[None], None if make is None else FPACache(type(make)(**_args(make))),
-                                max_new_tokens=6)
+            alone, gap = scored(
+                m, r[None], None if make is None else FPACache(type(make)(**_args(make))), max_new_tokens=6
+            )
             assert gap >= MIN_GAP, (make, b, gap)  # no near-tie: equal tokens are a tolerance claim
             assert torch.equal(out[b, -6:], alone[0, -6:]), (make, b)
 

@@ -6,14 +6,29 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from fpa.models import FPACache, FPAConfig, FPAForCausalLM, count_parameters
 
-TYPES = [("fpa", "free"), ("fpa", "walk"), ("fox", "free"), ("softmax_rope", "free"),
-         ("softmax_alibi", "free"), ("softmax_nope", "free")]
+TYPES = [
+    ("fpa", "free"),
+    ("fpa", "walk"),
+    ("fox", "free"),
+    ("softmax_rope", "free"),
+    ("softmax_alibi", "free"),
+    ("softmax_nope", "free"),
+]
 
 
 def tiny(att, mode, **kw):
     torch.manual_seed(0)
-    c = FPAConfig(vocab_size=37, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, intermediate_size=48, attention=att, fpa_mode=mode, **kw)
+    c = FPAConfig(
+        vocab_size=37,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=48,
+        attention=att,
+        fpa_mode=mode,
+        **kw,
+    )
     return FPAForCausalLM(c).eval()
 
 
@@ -165,14 +180,17 @@ def test_loss():
     out.loss.backward()
 
 
-@pytest.mark.parametrize("kw,field", [
-    (dict(hidden_size=30, num_attention_heads=4), "hidden_size"),
-    (dict(attention="linear"), "attention"),
-    (dict(fpa_mode="bogus"), "fpa_mode"),
-    (dict(vocab_size=-1), "vocab_size"),
-    (dict(num_hidden_layers=0), "num_hidden_layers"),
-    (dict(num_attention_heads=4, num_key_value_heads=3), "num_key_value_heads"),
-])
+@pytest.mark.parametrize(
+    "kw,field",
+    [
+        (dict(hidden_size=30, num_attention_heads=4), "hidden_size"),
+        (dict(attention="linear"), "attention"),
+        (dict(fpa_mode="bogus"), "fpa_mode"),
+        (dict(vocab_size=-1), "vocab_size"),
+        (dict(num_hidden_layers=0), "num_hidden_layers"),
+        (dict(num_attention_heads=4, num_key_value_heads=3), "num_key_value_heads"),
+    ],
+)
 def test_bad_config(kw, field):
     with pytest.raises(ValueError, match=field):
         FPAConfig(**kw)

@@ -18,8 +18,14 @@ from hypothesis import strategies as st
 
 from fpa.models import FPAConfig, FPAForCausalLM
 
-TYPES = [("fpa", "free"), ("fpa", "walk"), ("fox", "free"), ("softmax_rope", "free"), ("softmax_alibi", "free"),
-         ("softmax_nope", "free")]
+TYPES = [
+    ("fpa", "free"),
+    ("fpa", "walk"),
+    ("fox", "free"),
+    ("softmax_rope", "free"),
+    ("softmax_alibi", "free"),
+    ("softmax_nope", "free"),
+]
 VOCAB, HIDDEN = 41, 16
 IDS = ("valid", "valid", "valid", "1d", "oov", "negative", "float", "empty-batch", "empty-seq")
 EMBEDS = (None, None, "normal", "huge", "nan", "inf")
@@ -28,15 +34,29 @@ EMBEDS = (None, None, "normal", "huge", "nan", "inf")
 @functools.cache
 def model(attention: str, mode: str) -> FPAForCausalLM:
     torch.manual_seed(0)
-    cfg = FPAConfig(vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=1, num_attention_heads=2,
-                    num_key_value_heads=1, intermediate_size=32, attention=attention, fpa_mode=mode)
+    cfg = FPAConfig(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=32,
+        attention=attention,
+        fpa_mode=mode,
+    )
     return FPAForCausalLM(cfg).eval()
 
 
 @st.composite
 def case(draw):
-    return dict(kind=draw(st.sampled_from(TYPES)), ids=draw(st.sampled_from(IDS)), embeds=draw(st.sampled_from(EMBEDS)),
-                B=draw(st.integers(1, 3)), T=draw(st.integers(1, 9)), seed=draw(st.integers(0, 2**20)))
+    return dict(
+        kind=draw(st.sampled_from(TYPES)),
+        ids=draw(st.sampled_from(IDS)),
+        embeds=draw(st.sampled_from(EMBEDS)),
+        B=draw(st.integers(1, 3)),
+        T=draw(st.integers(1, 9)),
+        seed=draw(st.integers(0, 2**20)),
+    )
 
 
 def check(c: dict) -> None:
@@ -53,8 +73,15 @@ def check(c: dict) -> None:
         finite = bool(torch.isfinite(x).all())
     else:
         ids = torch.randint(0, VOCAB, (B, T), generator=g)
-        ids = {"valid": ids, "1d": ids[0], "oov": ids + VOCAB, "negative": ids - VOCAB, "float": ids.float(),
-               "empty-batch": ids[:0], "empty-seq": ids[:, :0]}[c["ids"]]
+        ids = {
+            "valid": ids,
+            "1d": ids[0],
+            "oov": ids + VOCAB,
+            "negative": ids - VOCAB,
+            "float": ids.float(),
+            "empty-batch": ids[:0],
+            "empty-seq": ids[:, :0],
+        }[c["ids"]]
         kw = {"input_ids": ids}
         finite = c["ids"] in ("valid", "empty-batch", "empty-seq")
     try:

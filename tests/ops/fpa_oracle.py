@@ -104,8 +104,14 @@ def fpa_oracle(q, k, v, field, level, beta, scale: float, w=None, tie: TieRule =
     t = lambda x: torch.tensor(x, dtype=torch.float64)  # noqa: E731
     res = {"out": t(out).reshape(B, Hq, Tq, Dv)}
     if W is not None:
-        res.update(q=t(dq).reshape(q.shape), k=t(dk).reshape(k.shape), v=t(dv).reshape(v.shape),
-                   field=t(dF).reshape(field.shape), level=t(dL).reshape(level.shape), beta=t(dB))
+        res.update(
+            q=t(dq).reshape(q.shape),
+            k=t(dk).reshape(k.shape),
+            v=t(dv).reshape(v.shape),
+            field=t(dF).reshape(field.shape),
+            level=t(dL).reshape(level.shape),
+            beta=t(dB),
+        )
     return res
 
 

@@ -50,8 +50,14 @@ def path(request, monkeypatch):
 def _inputs(dtype, B=2, Hq=4, Hkv=2, Tq=11, Tk=19, D=6, seed=0):
     g = torch.Generator().manual_seed(seed)
     r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
-    xs = dict(q=r(B, Hq, Tq, D), k=r(B, Hkv, Tk, D), v=r(B, Hkv, Tk, 5), field=r(B, Hq, Tk).cumsum(-1),
-              level=r(B, Hq, Tk).cumsum(-1), beta=torch.rand(Hq, generator=g, dtype=torch.float64) + 0.25)
+    xs = dict(
+        q=r(B, Hq, Tq, D),
+        k=r(B, Hkv, Tk, D),
+        v=r(B, Hkv, Tk, 5),
+        field=r(B, Hq, Tk).cumsum(-1),
+        level=r(B, Hq, Tk).cumsum(-1),
+        beta=torch.rand(Hq, generator=g, dtype=torch.float64) + 0.25,
+    )
     return {n: x.to(dtype).requires_grad_(True) for n, x in xs.items()}
 
 
@@ -154,12 +160,14 @@ def test_concurrent_builds_compile_once(tmp_path):
     log = tmp_path / "log"
     cxx = tmp_path / "fake-cxx"
     # a compiler that logs each call, is slow, and writes its -o file
-    cxx.write_text(f"#!{sys.executable}\n"
-                   "import sys, time\n"
-                   "if '--version' in sys.argv: print('fake 1.0'); sys.exit(0)\n"
-                   f"open({str(log)!r}, 'a').write(' '.join(sys.argv[1:]) + '\\n')\n"
-                   "time.sleep(0.5)\n"
-                   "open(sys.argv[sys.argv.index('-o') + 1], 'w').write('x')\n")
+    cxx.write_text(
+        f"#!{sys.executable}\n"
+        "import sys, time\n"
+        "if '--version' in sys.argv: print('fake 1.0'); sys.exit(0)\n"
+        f"open({str(log)!r}, 'a').write(' '.join(sys.argv[1:]) + '\\n')\n"
+        "time.sleep(0.5)\n"
+        "open(sys.argv[sys.argv.index('-o') + 1], 'w').write('x')\n"
+    )
     cxx.chmod(0o755)
     cache = tmp_path / "cache"
     cache.mkdir()
@@ -198,9 +206,20 @@ def _rows_args(dtype=torch.float32, BH=4, Hq=2, Tq=6, P=3, r0=0, r1=3):
     c, K = r1 - r0, P + r1
     S = torch.randn(BH, c, K, generator=g, dtype=dtype)
     field = torch.randn(BH, Tq, generator=g, dtype=dtype)
-    return dict(S=S, dP=None, lse=torch.zeros(BH, Tq, dtype=dtype), delta=None, field=field,
-                past_min=torch.zeros(BH, P, dtype=dtype), level=torch.zeros(BH, P + Tq, dtype=dtype),
-                beta=torch.ones(Hq, dtype=dtype), Hq=Hq, r0=r0, r1=r1, scale=0.5)
+    return dict(
+        S=S,
+        dP=None,
+        lse=torch.zeros(BH, Tq, dtype=dtype),
+        delta=None,
+        field=field,
+        past_min=torch.zeros(BH, P, dtype=dtype),
+        level=torch.zeros(BH, P + Tq, dtype=dtype),
+        beta=torch.ones(Hq, dtype=dtype),
+        Hq=Hq,
+        r0=r0,
+        r1=r1,
+        scale=0.5,
+    )
 
 
 def test_bad_arrays_raise_naming_the_argument():
@@ -242,9 +261,16 @@ def test_avx2_and_baseline_builds_give_the_same_bits():
     for dt in (torch.float32, torch.float64):
         S0, dP0 = (torch.randn(BH, c, K, generator=g, dtype=dt) * 4 for _ in range(2))
         field = torch.randn(BH, Tq, generator=g, dtype=dt).cumsum(-1)
-        base = dict(field=field, past_min=torch.randn(BH, P, generator=g, dtype=dt) - 3,
-                    level=torch.randn(BH, P + Tq, generator=g, dtype=dt).cumsum(-1) * 0.3,
-                    beta=torch.rand(Hq, generator=g, dtype=dt) + 0.5, Hq=Hq, r0=r0, r1=r1, scale=0.3)
+        base = dict(
+            field=field,
+            past_min=torch.randn(BH, P, generator=g, dtype=dt) - 3,
+            level=torch.randn(BH, P + Tq, generator=g, dtype=dt).cumsum(-1) * 0.3,
+            beta=torch.rand(Hq, generator=g, dtype=dt) + 0.5,
+            Hq=Hq,
+            r0=r0,
+            r1=r1,
+            scale=0.3,
+        )
         cum = torch.nn.functional.logsigmoid(torch.randn(BH, P + Tq, generator=g, dtype=dt) * 3).cumsum(-1)
         delta = torch.randn(BH, Tq, generator=g, dtype=dt) * 0.1
         outs = []
@@ -255,8 +281,11 @@ def test_avx2_and_baseline_builds_give_the_same_bits():
                 S, lse = S0.clone(), torch.zeros(BH, Tq, dtype=dt)
                 cpu_kernels.fpa_rows(S, None, lse, None, **base)
                 S2, dP = S0.clone(), dP0.clone()
-                grads = (torch.zeros(BH, Tq + P, dtype=dt), torch.zeros(BH, P + Tq, dtype=dt),
-                         torch.zeros(BH, dtype=torch.float64))
+                grads = (
+                    torch.zeros(BH, Tq + P, dtype=dt),
+                    torch.zeros(BH, P + Tq, dtype=dt),
+                    torch.zeros(BH, dtype=torch.float64),
+                )
                 cpu_kernels.fpa_rows(S2, dP, lse, delta, **base, grads=grads)
                 F, flse = S0.clone(), torch.zeros(BH, Tq, dtype=dt)
                 cpu_kernels.fox_rows(F, None, flse, None, cum, Tq, r0, r1, 0.3)

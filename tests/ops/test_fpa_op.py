@@ -25,15 +25,20 @@ def make_inputs(B=2, Hq=4, Hkv=2, Tq=13, Tk=21, D=8, Dv=5, dtype=torch.float64, 
         field = torch.round(field * 2) / 2
         level = torch.round(level * 2) / 2
     xs = dict(
-        q=r(B, Hq, Tq, D), k=r(B, Hkv, Tk, D), v=r(B, Hkv, Tk, Dv), field=field, level=level,
+        q=r(B, Hq, Tq, D),
+        k=r(B, Hkv, Tk, D),
+        v=r(B, Hkv, Tk, Dv),
+        field=field,
+        level=level,
         beta=torch.rand(Hq, generator=g, dtype=torch.float64) + 0.25,
     )
     return {n: x.to(dtype).requires_grad_(True) for n, x in xs.items()}
 
 
 def run(xs, backend, **kw):
-    out = first_passage_attention(xs["q"], xs["k"], xs["v"], xs["field"], xs["level"], beta=xs["beta"],
-                                  backend=backend, **kw)
+    out = first_passage_attention(
+        xs["q"], xs["k"], xs["v"], xs["field"], xs["level"], beta=xs["beta"], backend=backend, **kw
+    )
     g = torch.Generator().manual_seed(123)
     w = torch.randn(out.shape, generator=g, dtype=torch.float64).to(out.dtype)
     grads = torch.autograd.grad((out.float() * w.float()).sum(), list(xs.values()), allow_unused=True)
@@ -62,8 +67,10 @@ def compare(xs, backend, rms_tol=1e-10, max_tol=1e-9, grads=True, skip_field_gra
     else:
         with torch.no_grad():
             out = first_passage_attention(
-                *(xs[n].detach() for n in ("q", "k", "v", "field", "level")), beta=xs["beta"].detach(),
-                backend=backend, **kw
+                *(xs[n].detach() for n in ("q", "k", "v", "field", "level")),
+                beta=xs["beta"].detach(),
+                backend=backend,
+                **kw,
             )
     assert out.dtype == xs["q"].dtype and out.shape == ref_out.shape
     assert_close(out, ref_out, rms_tol, max_tol, f"{backend} forward")
@@ -72,8 +79,9 @@ def compare(xs, backend, rms_tol=1e-10, max_tol=1e-9, grads=True, skip_field_gra
     for name in xs:
         if skip_field_grad and name == "field":
             continue
-        assert_close(g[name], ref_g[name], rms_tol, max_tol * 10 if grad_max_tol is None else grad_max_tol,
-                     f"{backend} d{name}")
+        assert_close(
+            g[name], ref_g[name], rms_tol, max_tol * 10 if grad_max_tol is None else grad_max_tol, f"{backend} d{name}"
+        )
     return g, ref_g
 
 
@@ -149,8 +157,9 @@ def test_low_precision(dtype):
         assert g[n].dtype == dtype
         assert_close(g[n], ref_g[n], *_bound(grad, ref_g[n], dtype), f"d{n}")
     with torch.no_grad():
-        f = first_passage_attention(*(xs[n].detach() for n in ("q", "k", "v", "field", "level")),
-                                    beta=xs["beta"].detach(), backend="flex")
+        f = first_passage_attention(
+            *(xs[n].detach() for n in ("q", "k", "v", "field", "level")), beta=xs["beta"].detach(), backend="flex"
+        )
     assert_close(f, ref_out, *_bound(fwd, ref_out, dtype), "flex forward")
 
 
@@ -161,8 +170,9 @@ def test_gradcheck_reference_and_chunked():
 
         def f(*args, backend=backend, kw=kw):
             d = dict(zip(names, args))
-            return first_passage_attention(d["q"], d["k"], d["v"], d["field"], d["level"], beta=d["beta"],
-                                           backend=backend, **kw)
+            return first_passage_attention(
+                d["q"], d["k"], d["v"], d["field"], d["level"], beta=d["beta"], backend=backend, **kw
+            )
 
         assert torch.autograd.gradcheck(f, tuple(xs.values()), eps=1e-6, atol=1e-6)
 
@@ -175,8 +185,14 @@ def test_past_min_cache_form_equals_full_form():
     for backend in ("reference", "chunked", "flex"):
         with torch.no_grad():
             out = first_passage_attention(
-                xs["q"], xs["k"], xs["v"], xs["field"][..., P:], xs["level"], beta=xs["beta"], backend=backend,
-                past_min=pm
+                xs["q"],
+                xs["k"],
+                xs["v"],
+                xs["field"][..., P:],
+                xs["level"],
+                beta=xs["beta"],
+                backend=backend,
+                past_min=pm,
             )
         assert_close(out, full, 1e-10, 1e-10, f"{backend} past_min form")
 
@@ -243,8 +259,9 @@ def test_fox_chunked_gradients_match_reference():
     w = torch.randn(2, 4, 11, 3, generator=g, dtype=torch.float64)
     res = {}
     for backend in ("reference", "chunked"):
-        out = forgetting_attention(q, k, v, log_f, backend=backend,
-                                   **({"chunk_size": 4} if backend == "chunked" else {}))
+        out = forgetting_attention(
+            q, k, v, log_f, backend=backend, **({"chunk_size": 4} if backend == "chunked" else {})
+        )
         res[backend] = (out, torch.autograd.grad((out * w).sum(), (q, k, v, log_f)))
     assert (res["reference"][0] - res["chunked"][0]).abs().max() < 1e-12
     for a, b in zip(res["reference"][1], res["chunked"][1]):
@@ -291,8 +308,9 @@ def call(**over):
     xs = good()
     xs.update(over)
     beta = xs.pop("beta")
-    return first_passage_attention(xs.pop("q"), xs.pop("k"), xs.pop("v"), xs.pop("field"), xs.pop("level"), beta=beta,
-                                   **xs)
+    return first_passage_attention(
+        xs.pop("q"), xs.pop("k"), xs.pop("v"), xs.pop("field"), xs.pop("level"), beta=beta, **xs
+    )
 
 
 @pytest.mark.parametrize(
@@ -334,8 +352,9 @@ def test_flex_backward_on_cpu_is_refused_clearly():
 
 def test_empty_and_single_position():
     q = torch.randn(1, 2, 0, 4, requires_grad=True)
-    out = first_passage_attention(q, torch.randn(1, 2, 0, 4), torch.randn(1, 2, 0, 3), torch.randn(1, 2, 0),
-                                  torch.randn(1, 2, 0))
+    out = first_passage_attention(
+        q, torch.randn(1, 2, 0, 4), torch.randn(1, 2, 0, 3), torch.randn(1, 2, 0), torch.randn(1, 2, 0)
+    )
     assert out.shape == (1, 2, 0, 3)
     q1, k1, v1 = torch.randn(1, 2, 1, 4), torch.randn(1, 2, 1, 4), torch.randn(1, 2, 1, 3)
     for backend in ("reference", "chunked", "flex"):

@@ -50,17 +50,36 @@ def _tensor(shape, kind: str, dtype, gen: torch.Generator, lo_zero=False) -> tor
 def fpa_case(draw):
     Hkv, G = draw(st.integers(1, 2)), draw(st.integers(1, 2))
     Tk = draw(st.integers(0, 9))
-    shape = dict(B=draw(st.integers(0, 2)), Hq=Hkv * G, Hkv=Hkv, Tk=Tk, Tq=draw(st.integers(0, Tk)),
-                 D=draw(st.integers(0, 4)), Dv=draw(st.integers(0, 3)))
+    shape = dict(
+        B=draw(st.integers(0, 2)),
+        Hq=Hkv * G,
+        Hkv=Hkv,
+        Tk=Tk,
+        Tq=draw(st.integers(0, Tk)),
+        D=draw(st.integers(0, 4)),
+        Dv=draw(st.integers(0, 3)),
+    )
     kinds = {n: draw(st.sampled_from(SPECIAL)) for n in ("q", "k", "v", "field", "level")}
     # (no st.floats: hypothesis's float drawing asserts on a process with flush-to-zero set)
-    beta = draw(st.one_of(st.integers(-100, 400).map(lambda i: i / 100),
-                          st.sampled_from([0.0, float("nan"), float("inf")]),
-                          st.just("tensor"), st.just("bad-tensor")))
-    return dict(shape=shape, kinds=kinds, beta=beta, dtype=draw(st.sampled_from(DTYPES)),
-                backend=draw(st.sampled_from(("reference", "chunked", "auto", "flex"))),
-                chunk=draw(st.sampled_from([None, 1, 3])), cache=draw(st.booleans()),
-                grad=draw(st.booleans()), seed=draw(st.integers(0, 2**20)))
+    beta = draw(
+        st.one_of(
+            st.integers(-100, 400).map(lambda i: i / 100),
+            st.sampled_from([0.0, float("nan"), float("inf")]),
+            st.just("tensor"),
+            st.just("bad-tensor"),
+        )
+    )
+    return dict(
+        shape=shape,
+        kinds=kinds,
+        beta=beta,
+        dtype=draw(st.sampled_from(DTYPES)),
+        backend=draw(st.sampled_from(("reference", "chunked", "auto", "flex"))),
+        chunk=draw(st.sampled_from([None, 1, 3])),
+        cache=draw(st.booleans()),
+        grad=draw(st.booleans()),
+        seed=draw(st.integers(0, 2**20)),
+    )
 
 
 def _clear(e: Exception) -> bool:
@@ -71,10 +90,13 @@ def check_fpa_case(c: dict) -> None:
     s, dt = c["shape"], c["dtype"]
     g = torch.Generator().manual_seed(c["seed"])
     B, Hq, Hkv, Tk, Tq, D, Dv = (s[n] for n in ("B", "Hq", "Hkv", "Tk", "Tq", "D", "Dv"))
-    x = {"q": _tensor((B, Hq, Tq, D), c["kinds"]["q"], dt, g), "k": _tensor((B, Hkv, Tk, D), c["kinds"]["k"], dt, g),
-         "v": _tensor((B, Hkv, Tk, Dv), c["kinds"]["v"], dt, g),
-         "field": _tensor((B, Hq, Tk), c["kinds"]["field"], dt, g),
-         "level": _tensor((B, Hq, Tk), c["kinds"]["level"], dt, g)}
+    x = {
+        "q": _tensor((B, Hq, Tq, D), c["kinds"]["q"], dt, g),
+        "k": _tensor((B, Hkv, Tk, D), c["kinds"]["k"], dt, g),
+        "v": _tensor((B, Hkv, Tk, Dv), c["kinds"]["v"], dt, g),
+        "field": _tensor((B, Hq, Tk), c["kinds"]["field"], dt, g),
+        "level": _tensor((B, Hq, Tk), c["kinds"]["level"], dt, g),
+    }
     beta = c["beta"]
     if beta == "tensor":
         beta = torch.rand(Hq, generator=g, dtype=torch.float64).to(dt if dt != torch.float16 else torch.float32)
@@ -99,15 +121,22 @@ def check_fpa_case(c: dict) -> None:
         return
     assert out.shape == (B, Hq, Tq, Dv) and out.dtype == dt
     finite_in = all(torch.isfinite(t).all() for t in leaves) and (
-        not isinstance(beta, torch.Tensor) or torch.isfinite(beta).all())
+        not isinstance(beta, torch.Tensor) or torch.isfinite(beta).all()
+    )
     assert finite_in, "non-finite input was accepted"  # check_inputs=True must refuse it
     assert torch.isfinite(out).all(), "NaN/inf from finite input"
     moderate = all(c["kinds"][n] in ("normal", "ties", "tiny") for n in ("q", "k", "v", "field", "level"))
     if moderate and out.numel():
-        ref = first_passage_attention(*(t.detach().double() for t in leaves), **{
-            **kw, "backend": "reference", "chunk_size": None,
-            "beta": beta.double() if isinstance(beta, torch.Tensor) else beta,
-            **({"past_min": kw["past_min"].double()} if "past_min" in kw else {})})
+        ref = first_passage_attention(
+            *(t.detach().double() for t in leaves),
+            **{
+                **kw,
+                "backend": "reference",
+                "chunk_size": None,
+                "beta": beta.double() if isinstance(beta, torch.Tensor) else beta,
+                **({"past_min": kw["past_min"].double()} if "past_min" in kw else {}),
+            },
+        )
         err = (out.double() - ref).abs().max().item()
         bound = FWD_EPS[dt] * torch.finfo(dt).eps * max(x["v"].double().abs().max().item(), 1e-30)
         assert err <= bound, f"{c['backend']} {dt}: max |err| {err:.3e} > {bound:.3e}"
@@ -129,10 +158,20 @@ def check_fpa_case(c: dict) -> None:
 @st.composite
 def fox_case(draw):
     Hkv, G, Tk = draw(st.integers(1, 2)), draw(st.integers(1, 2)), draw(st.integers(0, 9))
-    return dict(B=draw(st.integers(0, 2)), Hq=Hkv * G, Hkv=Hkv, Tk=Tk, Tq=draw(st.integers(0, Tk)),
-                D=draw(st.integers(1, 4)), kind=draw(st.sampled_from(SPECIAL)), qkind=draw(st.sampled_from(SPECIAL)),
-                positive=draw(st.booleans()), dtype=draw(st.sampled_from(DTYPES)),
-                backend=draw(st.sampled_from(("reference", "chunked", "auto"))), seed=draw(st.integers(0, 2**20)))
+    return dict(
+        B=draw(st.integers(0, 2)),
+        Hq=Hkv * G,
+        Hkv=Hkv,
+        Tk=Tk,
+        Tq=draw(st.integers(0, Tk)),
+        D=draw(st.integers(1, 4)),
+        kind=draw(st.sampled_from(SPECIAL)),
+        qkind=draw(st.sampled_from(SPECIAL)),
+        positive=draw(st.booleans()),
+        dtype=draw(st.sampled_from(DTYPES)),
+        backend=draw(st.sampled_from(("reference", "chunked", "auto"))),
+        seed=draw(st.integers(0, 2**20)),
+    )
 
 
 def check_fox_case(c: dict) -> None:

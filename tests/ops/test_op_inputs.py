@@ -41,8 +41,10 @@ def poke(x: torch.Tensor, value: float) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("name", ["q", "k", "v", "field", "level"])
-@pytest.mark.parametrize("value, words", [(float("nan"), "contains NaN"), (float("inf"), "must be finite"),
-                                          (-float("inf"), "must be finite")])
+@pytest.mark.parametrize(
+    "value, words",
+    [(float("nan"), "contains NaN"), (float("inf"), "must be finite"), (-float("inf"), "must be finite")],
+)
 def test_fpa_non_finite_named(name, value, words):
     a = fpa_args()
     a[name] = poke(a[name], value)
@@ -174,10 +176,12 @@ def test_op_leaves_the_floating_point_environment_alone():
     import subprocess
     import sys
 
-    code = ("import torch\nfrom fpa import first_passage_attention as f\nx = torch.randn(1, 1, 8, 4)\n"
-            "for b in ('reference', 'chunked', 'auto'):\n    f(x, x, x, torch.randn(1, 1, 8), torch.randn(1, 1, 8), "
-            "backend=b)\n"
-            "tiny = 5e-324\nassert tiny * 1.0 > 0, 'python floats flushed to zero'\n"
-            "assert (torch.tensor([1e-40]) * 1.0).item() > 0, 'torch subnormals flushed to zero'\n")
+    code = (
+        "import torch\nfrom fpa import first_passage_attention as f\nx = torch.randn(1, 1, 8, 4)\n"
+        "for b in ('reference', 'chunked', 'auto'):\n    f(x, x, x, torch.randn(1, 1, 8), torch.randn(1, 1, 8), "
+        "backend=b)\n"
+        "tiny = 5e-324\nassert tiny * 1.0 > 0, 'python floats flushed to zero'\n"
+        "assert (torch.tensor([1e-40]) * 1.0).item() > 0, 'torch subnormals flushed to zero'\n"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]

@@ -47,8 +47,14 @@ def make(mode: str, B=2, Hq=4, Hkv=2, Tq=7, Tk=10, D=3, Dv=2, seed=0) -> dict[st
         level = field.clone()
     else:
         raise AssertionError(mode)
-    xs = dict(q=r(B, Hq, Tq, D), k=r(B, Hkv, Tk, D), v=r(B, Hkv, Tk, Dv), field=field, level=level,
-              beta=torch.rand(Hq, generator=g, dtype=torch.float64) + 0.25)
+    xs = dict(
+        q=r(B, Hq, Tq, D),
+        k=r(B, Hkv, Tk, D),
+        v=r(B, Hkv, Tk, Dv),
+        field=field,
+        level=level,
+        beta=torch.rand(Hq, generator=g, dtype=torch.float64) + 0.25,
+    )
     return {n: x.detach().requires_grad_(True) for n, x in xs.items()}
 
 
@@ -97,7 +103,7 @@ def test_tie_rules_really_differ():
     """The per-position tie check has teeth: on this input the two conventions disagree."""
     xs = make("walk-ties", Tq=7, Tk=10, seed=11)
     w = upstream(xs)
-    args, scale = [xs[n] for n in NAMES], 3 ** -0.5
+    args, scale = [xs[n] for n in NAMES], 3**-0.5
     a = fpa_oracle(*args, scale, w, tie=latest)["field"]
     b = fpa_oracle(*args, scale, w, tie=lambda i, j, am: min(am))["field"]
     assert (a - b).abs().max() > 1e-3
@@ -135,16 +141,22 @@ def test_cache_form_matches_oracle():
         for j in range(P):
             for t in range(j + 1, P):
                 pm[0, h, j] = min(pm[0, h, j].item(), F[0, h, t].item())
-    want = fpa_oracle(*(xs[n] for n in NAMES), 3 ** -0.5, w)
+    want = fpa_oracle(*(xs[n] for n in NAMES), 3**-0.5, w)
     for backend in ("reference", "chunked"):
         fq = xs["field"].detach()[..., P:].requires_grad_(True)
         p = pm.clone().requires_grad_(True)
-        out = first_passage_attention(xs["q"], xs["k"], xs["v"], fq, xs["level"], beta=xs["beta"],
-                                      past_min=p, backend=backend)
-        g = dict(zip(("q", "k", "v", "field", "level", "beta", "past_min"),
-                     torch.autograd.grad((out * w).sum(), [xs["q"], xs["k"], xs["v"], fq, xs["level"], xs["beta"], p])))
-        check({"out": out.detach(), **{n: g[n] for n in ("q", "k", "v", "level", "beta")}}, want,
-              f"{backend} cache form")
+        out = first_passage_attention(
+            xs["q"], xs["k"], xs["v"], fq, xs["level"], beta=xs["beta"], past_min=p, backend=backend
+        )
+        g = dict(
+            zip(
+                ("q", "k", "v", "field", "level", "beta", "past_min"),
+                torch.autograd.grad((out * w).sum(), [xs["q"], xs["k"], xs["v"], fq, xs["level"], xs["beta"], p]),
+            )
+        )
+        check(
+            {"out": out.detach(), **{n: g[n] for n in ("q", "k", "v", "level", "beta")}}, want, f"{backend} cache form"
+        )
         check({"field": g["field"]}, {"field": want["field"][..., P:]}, f"{backend} cache form")
         # the past keys' field gradient arrives through past_min: totals per row agree
         assert (g["past_min"].sum(-1) - want["field"][..., :P].sum(-1)).abs().max() < GRAD_TOL
@@ -158,7 +170,7 @@ def test_fox_matches_oracle(Tq, Tk):
     v = torch.randn(2, 1, Tk, 2, generator=g, dtype=torch.float64, requires_grad=True)
     lf = torch.nn.functional.logsigmoid(torch.randn(2, 2, Tk, generator=g, dtype=torch.float64)).requires_grad_(True)
     w = torch.randn(2, 2, Tq, 2, generator=g, dtype=torch.float64)
-    want = fox_oracle(q, k, v, lf, 3 ** -0.5, w)
+    want = fox_oracle(q, k, v, lf, 3**-0.5, w)
     for backend, kw in (("reference", {}), ("chunked", {"chunk_size": 2}), ("chunked", {})):
         out = forgetting_attention(q, k, v, lf, backend=backend, **kw)
         got = dict(zip(("q", "k", "v", "log_fgate"), torch.autograd.grad((out * w).sum(), (q, k, v, lf))))
@@ -180,10 +192,10 @@ def test_fox_as_fpa_gradient_where_gate_is_one():
     out = first_passage_attention(q, k, v, field, level, beta=1.0)
     (via_fpa,) = torch.autograd.grad((out * w).sum(), lf)
     f = torch.cumsum(lf.detach(), -1)
-    o = fpa_oracle(q, k, v, f, f, torch.ones(1, dtype=torch.float64), 2 ** -0.5, w)
+    o = fpa_oracle(q, k, v, f, f, torch.ones(1, dtype=torch.float64), 2**-0.5, w)
     expect = (o["field"] + o["level"]).flip(-1).cumsum(-1).flip(-1)  # chain rule through cumsum
     assert (via_fpa - expect).abs().max() < GRAD_TOL
-    fox = fox_oracle(q, k, v, lf, 2 ** -0.5, w)["log_fgate"]
+    fox = fox_oracle(q, k, v, lf, 2**-0.5, w)["log_fgate"]
     assert (via_fpa - fox).abs().max() > 1e-6  # the documented difference is real
 
 

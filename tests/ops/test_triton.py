@@ -76,8 +76,17 @@ def test_compiles_for_sm90(dtype, block):
             if param.is_constexpr:
                 sig[name] = "constexpr"
             else:
-                sig[name] = ("fp32" if name == "scale" else "i32" if name in _INT_ARGS else "*i32" if name == "NSKIP"
-                             else "*" + dtype if name in _IO_ARGS else "*" + acc)
+                sig[name] = (
+                    "fp32"
+                    if name == "scale"
+                    else "i32"
+                    if name in _INT_ARGS
+                    else "*i32"
+                    if name == "NSKIP"
+                    else "*" + dtype
+                    if name in _IO_ARGS
+                    else "*" + acc
+                )
         triton.compile(ASTSource(fn, signature=sig, constexprs=consts), target=GPUTarget("cuda", 90, 32))
 
 
@@ -257,16 +266,25 @@ def test_skipping_error_bound_and_exact_masked_gradients(tol, drop, qk_scale):
 def test_skipping_counts_tiles_and_off_by_default():
     xs = {n: x.detach() for n, x in _deep_dip_inputs().items()}
     P = xs["k"].shape[2] - xs["q"].shape[2]
-    args = (xs["q"], xs["k"], xs["v"], xs["field"][..., P:], xs["level"], past_min_from_field(xs["field"][..., :P]),
-            xs["beta"], 8**-0.5)
+    args = (
+        xs["q"],
+        xs["k"],
+        xs["v"],
+        xs["field"][..., P:],
+        xs["level"],
+        past_min_from_field(xs["field"][..., :P]),
+        xs["beta"],
+        8**-0.5,
+    )
     out_on, n_on = fpa_triton_mod.skipped_tiles(*args, skip_tolerance=1e-3)
     out_off, n_off = fpa_triton_mod.skipped_tiles(*args, skip_tolerance=None)
     _, expected = _skipped_pairs(xs, 1e-3, 16)
     assert int(n_off.sum()) == 0
     assert int(n_on.sum()) == expected > 0
     with torch.no_grad():
-        exact = first_passage_attention(xs["q"], xs["k"], xs["v"], xs["field"], xs["level"], beta=xs["beta"],
-                                        backend="triton")
+        exact = first_passage_attention(
+            xs["q"], xs["k"], xs["v"], xs["field"], xs["level"], beta=xs["beta"], backend="triton"
+        )
     assert torch.equal(out_off, exact)
     assert (out_on - out_off).abs().max() <= 2 * 1e-3 * xs["v"].abs().max()
 
@@ -292,8 +310,9 @@ def test_other_backends_ignore_skip_tolerance():
 def test_bad_block():
     xs = {n: x.detach() for n, x in _cache_form_inputs().items()}
     with pytest.raises(ValueError, match="block"):
-        fpa_triton_mod.fpa_triton(xs["q"], xs["k"], xs["v"], xs["field"], xs["level"], xs["past_min"], xs["beta"], 1.0,
-                                  block=24)
+        fpa_triton_mod.fpa_triton(
+            xs["q"], xs["k"], xs["v"], xs["field"], xs["level"], xs["past_min"], xs["beta"], 1.0, block=24
+        )
 
 
 def test_cpu_refused_without_interpreter(monkeypatch):

@@ -48,8 +48,12 @@ SIMULATORS = {
 
 
 @settings(max_examples=40, deadline=None)
-@given(task=st.sampled_from(sorted(SIMULATORS)), seed=st.integers(0, 2**32 - 1), m=st.integers(1, 12),
-       factor=st.sampled_from([1, 4]))
+@given(
+    task=st.sampled_from(sorted(SIMULATORS)),
+    seed=st.integers(0, 2**32 - 1),
+    m=st.integers(1, 12),
+    factor=st.sampled_from([1, 4]),
+)
 def test_targets_match_stack_simulation(task, seed, m, factor):
     t = get_task(task)
     b = t.sample(np.random.default_rng(seed), 6, m, factor)
@@ -119,8 +123,12 @@ def simulate_prefixes(tokens, push_ids, pop_ids):
 
 
 @settings(max_examples=30, deadline=None)
-@given(task=st.sampled_from(["stack", "calls"]), seed=st.integers(0, 2**32 - 1), m=st.integers(1, 12),
-       factor=st.sampled_from([1, 4]))
+@given(
+    task=st.sampled_from(["stack", "calls"]),
+    seed=st.integers(0, 2**32 - 1),
+    m=st.integers(1, 12),
+    factor=st.sampled_from([1, 4]),
+)
 def test_prefix_answers_match_simulation(task, seed, m, factor):
     t = get_task(task)
     b = t.sample(np.random.default_rng(seed), 5, m, factor)
@@ -156,5 +164,3 @@ def test_scope_prefix_answers_match_the_simulation_at_every_print():
                 inner += pos < len(b.tokens[i]) - 1
         assert inner > 0  # prints along the sequence, not only at the end
         assert np.all(tol == pytest.approx(0.5 / 3)) and not valid[b.tokens < ScopeTask.PRINT].any()
-
-

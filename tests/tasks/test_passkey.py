@@ -26,7 +26,7 @@ def test_prompt_has_exact_length_and_needle_at_depth(length, depth):
     assert p.ids.shape == (length,) and p.ids.dtype == np.int64
     text = TOK.decode(p.ids.tolist())
     needle = NEEDLE.format(key=p.key)
-    assert TOK.decode(p.ids[p.needle_start:p.needle_start + p.needle_len].tolist()) == needle
+    assert TOK.decode(p.ids[p.needle_start : p.needle_start + p.needle_len].tolist()) == needle
     assert text.count(p.key) == 2 and text.endswith(QUESTION)
     n_fill = length - len(needle) - len(QUESTION)
     assert abs(p.needle_start - depth * n_fill) <= LONGEST_SENTENCE
@@ -37,9 +37,9 @@ def test_prompt_has_exact_length_and_needle_at_depth(length, depth):
 def test_filler_is_whole_sentences_around_needle_and_question():
     p = make_prompt(TOK, 600, 0.5, np.random.default_rng(3))
     text = TOK.decode(p.ids.tolist())
-    before = text[:p.needle_start]
+    before = text[: p.needle_start]
     assert before.endswith(". ")
-    after = text[p.needle_start + p.needle_len: -len(QUESTION)]
+    after = text[p.needle_start + p.needle_len : -len(QUESTION)]
     assert after.startswith("The ") or after.startswith("Here ") or after.startswith("There ")
 
 
@@ -73,12 +73,23 @@ def test_training_sample_is_a_prompt_at_the_training_length_then_the_answer(seq_
         mixer(np.random.default_rng(0), 0, TOK)
 
 
-@pytest.mark.parametrize("text, ok", [
-    (" 12345", True), ("12345", True), (" 12345.", True), (" 12345 is", True), ("\n12345", True),
-    (" 123456", False),  # extra digit
-    (" 1234", False),  # missing digit
-    (" 1234.", False), ("", False), (" x12345", False), (" 54321", False), (" 12 345", False),
-])
+@pytest.mark.parametrize(
+    "text, ok",
+    [
+        (" 12345", True),
+        ("12345", True),
+        (" 12345.", True),
+        (" 12345 is", True),
+        ("\n12345", True),
+        (" 123456", False),  # extra digit
+        (" 1234", False),  # missing digit
+        (" 1234.", False),
+        ("", False),
+        (" x12345", False),
+        (" 54321", False),
+        (" 12 345", False),
+    ],
+)
 def test_scoring_is_exact_match_of_the_generated_digits(text, ok):
     assert is_correct(text, "12345") is ok
 

@@ -11,8 +11,13 @@ from fpa.tasks.probe import attention_probs, layer_output
 
 
 @settings(max_examples=30, deadline=None)
-@given(method=st.sampled_from(sorted(METHODS)), d=st.sampled_from([1, 2, 4, 8]), heads=st.integers(1, 3),
-       T=st.integers(1, 12), seed=st.integers(0, 10**6))
+@given(
+    method=st.sampled_from(sorted(METHODS)),
+    d=st.sampled_from([1, 2, 4, 8]),
+    heads=st.integers(1, 3),
+    T=st.integers(1, 12),
+    seed=st.integers(0, 10**6),
+)
 def test_probs_reproduce_layer_output(method, d, heads, T, seed):
     torch.manual_seed(seed)
     attention, kw = METHODS[method]

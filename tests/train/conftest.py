@@ -15,8 +15,21 @@ def corpus(tmp_path_factory):
 @pytest.fixture
 def tiny_cfg(corpus, tmp_path):
     def make(**kw) -> TrainConfig:
-        base = dict(out_dir=str(tmp_path / "run"), data_dir=str(corpus), model_overrides=dict(TINY_MODEL), seq_len=64,
-                    batch_size=4, steps=8, lr=3e-3, warmup_steps=2, ckpt_every=4, log_every=1, eval_every=4,
-                    eval_batches=2, progress=False)
+        base = dict(
+            out_dir=str(tmp_path / "run"),
+            data_dir=str(corpus),
+            model_overrides=dict(TINY_MODEL),
+            seq_len=64,
+            batch_size=4,
+            steps=8,
+            lr=3e-3,
+            warmup_steps=2,
+            ckpt_every=4,
+            log_every=1,
+            eval_every=4,
+            eval_batches=2,
+            progress=False,
+        )
         return TrainConfig(**{**base, **kw})
+
     return make

@@ -13,13 +13,24 @@ from fpa.train import parameter_groups, train
 
 
 def _model(attention="fpa", mode="walk", **kw):
-    cfg = FPAConfig.from_preset("tiny", vocab_size=257, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                num_key_value_heads=2, intermediate_size=64, attention=attention, fpa_mode=mode, **kw)
+    cfg = FPAConfig.from_preset(
+        "tiny",
+        vocab_size=257,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        attention=attention,
+        fpa_mode=mode,
+        **kw,
+    )
     return FPAForCausalLM(cfg)
 
 
-@pytest.mark.parametrize("mode, heads", [("walk", ("increment_proj", "level_offset")),
-                                         ("free", ("field_proj", "level_proj"))])
+@pytest.mark.parametrize(
+    "mode, heads", [("walk", ("increment_proj", "level_offset")), ("free", ("field_proj", "level_proj"))]
+)
 def test_field_parameters_get_the_multiplier(mode, heads):
     assert {g["lr_multiplier"] for g in parameter_groups(_model(mode=mode), 0.1)} == {1.0}  # the default
     model = _model(mode=mode, fpa_field_lr_multiplier=0.1)
@@ -51,8 +62,17 @@ def test_trainer_applies_the_multiplier_per_group(tiny_cfg, monkeypatch):
 
     monkeypatch.setattr(torch.optim.AdamW, "step", spy)
     cfg = tiny_cfg(attention="fpa", fpa_mode="walk", steps=3, warmup_steps=1, seq_len=128, eval_every=3)
-    train(tiny_cfg(attention="fpa", fpa_mode="walk", steps=3, warmup_steps=1, seq_len=128, eval_every=3,
-                   model_overrides={**cfg.model_overrides, "fpa_field_lr_multiplier": 0.1}))
+    train(
+        tiny_cfg(
+            attention="fpa",
+            fpa_mode="walk",
+            steps=3,
+            warmup_steps=1,
+            seq_len=128,
+            eval_every=3,
+            model_overrides={**cfg.model_overrides, "fpa_field_lr_multiplier": 0.1},
+        )
+    )
     for pairs in seen:
         (m_field, lr_field), (m_rest, lr_rest) = pairs
         assert (m_field, m_rest) == (0.1, 1.0) and lr_field == pytest.approx(0.1 * lr_rest)

@@ -9,8 +9,17 @@ from fpa.train.regularizers import LiveFractionRegularizer
 
 def _model(attention="fpa"):
     torch.manual_seed(0)
-    cfg = FPAConfig.from_preset("tiny", vocab_size=257, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                num_key_value_heads=2, intermediate_size=64, attention=attention, fpa_mode="walk")
+    cfg = FPAConfig.from_preset(
+        "tiny",
+        vocab_size=257,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        attention=attention,
+        fpa_mode="walk",
+    )
     return FPAForCausalLM(cfg)
 
 
@@ -24,8 +33,11 @@ def test_penalty_is_the_soft_live_fraction_and_has_gradients():
     pen = reg.penalty()
     # recompute from the definition on layer 0 and 1 inputs captured by a second hook
     seen = []
-    hs = [m.model.layers[i].attn.register_forward_hook(lambda mod, a, o: seen.append((mod, a[0])))
-          for m in (model,) for i in range(2)]
+    hs = [
+        m.model.layers[i].attn.register_forward_hook(lambda mod, a, o: seen.append((mod, a[0])))
+        for m in (model,)
+        for i in range(2)
+    ]
     model(input_ids=x)
     reg.penalty()
     for h in hs:

@@ -8,11 +8,30 @@ def test_prepare_data_and_train_commands(tmp_path, capsys):
     data = tmp_path / "data"
     assert main(["prepare-data", "stdlib", "--out-dir", str(data), "--max-bytes", "200000"]) == 0
     assert json.loads(capsys.readouterr().out)["vocab_size"] == 257
-    (tmp_path / "c.json").write_text(json.dumps({"out_dir": str(tmp_path / "run"), "data_dir": str(data), "steps": 3,
-                                                 "seq_len": 32, "batch_size": 2, "ckpt_every": 3, "eval_every": 3,
-                                                 "log_every": 1}))
-    argv = ["train", "--config", str(tmp_path / "c.json"), "--attention", "softmax_rope", "--no-progress",
-            "--model-overrides", '{"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2}']
+    (tmp_path / "c.json").write_text(
+        json.dumps(
+            {
+                "out_dir": str(tmp_path / "run"),
+                "data_dir": str(data),
+                "steps": 3,
+                "seq_len": 32,
+                "batch_size": 2,
+                "ckpt_every": 3,
+                "eval_every": 3,
+                "log_every": 1,
+            }
+        )
+    )
+    argv = [
+        "train",
+        "--config",
+        str(tmp_path / "c.json"),
+        "--attention",
+        "softmax_rope",
+        "--no-progress",
+        "--model-overrides",
+        '{"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2}',
+    ]
     assert main(argv) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["steps"] == 3 and len(read_metrics(tmp_path / "run")) == 3

@@ -25,8 +25,15 @@ def _torchrun(cfg, tmp_path, nproc=2):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           str(script), json.dumps(cfg.to_dict())]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        str(script),
+        json.dumps(cfg.to_dict()),
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
@@ -42,8 +49,9 @@ def test_two_process_run_matches_single_process(tiny_cfg, tmp_path, parallel):
     train(single)
     # grad_accum=2 also exercises the skipped gradient sync of the first micro-batch (DDP no_sync,
     # FSDP2 set_requires_gradient_sync): 2 ranks x 2 micro-batches x 1 sequence = the global batch of 4
-    multi = tiny_cfg(out_dir=str(tmp_path / parallel), steps=6, ckpt_every=3, eval_every=3, parallel=parallel,
-                     grad_accum=2)
+    multi = tiny_cfg(
+        out_dir=str(tmp_path / parallel), steps=6, ckpt_every=3, eval_every=3, parallel=parallel, grad_accum=2
+    )
     _torchrun(multi, tmp_path)
     for key in ("loss", "val_loss"):
         a, b = _series(single.out_dir, key), _series(multi.out_dir, key)

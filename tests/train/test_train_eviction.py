@@ -28,14 +28,23 @@ def test_eviction_starts_at_evict_from_step_also_after_a_resume(tiny_cfg, monkey
     calls = []
     real = first_passage.evicting_attention
     # count the training forwards (with grad); the evaluations (no grad) run under the rule too once it is on
-    monkeypatch.setattr(first_passage, "evicting_attention",
-                        lambda *a, **k: (torch.is_grad_enabled() and calls.append(1), real(*a, **k))[1])
-    train(tiny_cfg(attention="fpa", fpa_mode="walk", steps=4, ckpt_every=2, eval_every=4, evict_tau=2.0,
-                   evict_from_step=3))
+    monkeypatch.setattr(
+        first_passage,
+        "evicting_attention",
+        lambda *a, **k: (torch.is_grad_enabled() and calls.append(1), real(*a, **k))[1],
+    )
+    train(
+        tiny_cfg(
+            attention="fpa", fpa_mode="walk", steps=4, ckpt_every=2, eval_every=4, evict_tau=2.0, evict_from_step=3
+        )
+    )
     assert len(calls) == 2  # step 3 only, 2 layers
     calls.clear()
-    train(tiny_cfg(attention="fpa", fpa_mode="walk", steps=6, ckpt_every=2, eval_every=4, evict_tau=2.0,
-                   evict_from_step=3))  # resumes at step 4: eviction on from the start
+    train(
+        tiny_cfg(
+            attention="fpa", fpa_mode="walk", steps=6, ckpt_every=2, eval_every=4, evict_tau=2.0, evict_from_step=3
+        )
+    )  # resumes at step 4: eviction on from the start
     assert len(calls) == 4
     with pytest.raises(ValueError, match="evict_from_step is 3 but evict_tau is not set"):
         tiny_cfg(attention="fpa", evict_from_step=3)

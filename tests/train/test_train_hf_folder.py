@@ -28,9 +28,14 @@ def test_auto_tokenizer_encodes_as_ours(kind, tmp_path):
 def test_trained_folder_loads_everywhere(tiny_cfg):
     from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
 
-    summary = train(tiny_cfg(steps=4, model_overrides=dict(hidden_size=32, num_hidden_layers=2,
-                                                           num_attention_heads=2, intermediate_size=64,
-                                                           vocab_size=257)))
+    summary = train(
+        tiny_cfg(
+            steps=4,
+            model_overrides=dict(
+                hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, vocab_size=257
+            ),
+        )
+    )
     folder = summary["model_dir"]
     card = open(f"{folder}/README.md").read()
     assert "held-out loss" in card and f"{summary['val_loss']:.4f}" in card and "| steps | 4 |" in card
@@ -53,8 +58,9 @@ def test_trained_folder_loads_everywhere(tiny_cfg):
 
 
 def test_bpe_corpus_folder_has_hf_tokenizer(tmp_path):
-    folder = prepare_corpus("stdlib", tmp_path / "c", tokenizer="bpe", vocab_size=300, max_bytes=30_000,
-                            val_fraction=0.1)
+    folder = prepare_corpus(
+        "stdlib", tmp_path / "c", tokenizer="bpe", vocab_size=300, max_bytes=30_000, val_fraction=0.1
+    )
     tok = load_tokenizer(folder)
     save_hf_tokenizer(tok, tmp_path / "m")
     from transformers import AutoTokenizer

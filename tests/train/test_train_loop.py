@@ -11,8 +11,16 @@ from fpa.train.schedule import lr_at
 
 
 def test_smoke_on_embedded_corpus_lowers_loss(tiny_cfg, tmp_path):
-    cfg = tiny_cfg(out_dir=str(tmp_path / "smoke"), data_dir=None, data_source="stdlib", max_bytes=300_000,
-                   steps=40, eval_every=20, ckpt_every=40, log_every=5)
+    cfg = tiny_cfg(
+        out_dir=str(tmp_path / "smoke"),
+        data_dir=None,
+        data_source="stdlib",
+        max_bytes=300_000,
+        steps=40,
+        eval_every=20,
+        ckpt_every=40,
+        log_every=5,
+    )
     summary = train(cfg)
     recs = read_metrics(cfg.out_dir)
     vals = [r["val_loss"] for r in recs if "val_loss" in r]
@@ -57,16 +65,19 @@ def test_lr_schedule():
     assert lr_at(100, 1.0, 10, 100, 0.1) == pytest.approx(0.1)
 
 
-@pytest.mark.parametrize("kw, match", [
-    (dict(steps=0), "steps must be a positive int"),
-    (dict(lr=0), "lr must be a positive"),
-    (dict(batch_size=6, grad_accum=4), "multiple of grad_accum"),
-    (dict(mix_rate=0.5), "mix_task is not set"),
-    (dict(mix_rate=2.0, mix_task="passkey"), "mix_rate must be"),
-    (dict(device="tpu"), "device must be one of"),
-    (dict(parallel="zero3"), "parallel must be one of"),
-    (dict(data_dir=None, data_source=None), "data_dir"),
-])
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(steps=0), "steps must be a positive int"),
+        (dict(lr=0), "lr must be a positive"),
+        (dict(batch_size=6, grad_accum=4), "multiple of grad_accum"),
+        (dict(mix_rate=0.5), "mix_task is not set"),
+        (dict(mix_rate=2.0, mix_task="passkey"), "mix_rate must be"),
+        (dict(device="tpu"), "device must be one of"),
+        (dict(parallel="zero3"), "parallel must be one of"),
+        (dict(data_dir=None, data_source=None), "data_dir"),
+    ],
+)
 def test_bad_config(kw, match):
     with pytest.raises(ValueError, match=match):
         TrainConfig(out_dir="x", **kw)

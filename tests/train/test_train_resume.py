@@ -34,8 +34,13 @@ def test_sigkill_then_resume_matches_uninterrupted(tiny_cfg, tmp_path):
     cfg = tiny_cfg(out_dir=str(tmp_path / "killed"), steps=n, ckpt_every=n // 2)
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     # killed one step after the step-4 checkpoint: step 5 is lost and must be redone
-    proc = subprocess.run([sys.executable, "-c", WORKER, json.dumps(cfg.to_dict()), str(n // 2 + 1)], env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", WORKER, json.dumps(cfg.to_dict()), str(n // 2 + 1)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     assert [p.name for p in list_checkpoints(cfg.out_dir)] == ["step-00000004.pt"]
     assert max(r["step"] for r in read_metrics(cfg.out_dir)) == n // 2 + 1  # logged past the checkpoint

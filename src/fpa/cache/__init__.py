@@ -46,5 +46,17 @@ from fpa.cache.layer import LayerCache, LayerInfo
 from fpa.cache.policies import H2O, TOVA, FoXEviction, FPAEviction, Policy, SlidingWindow, StreamingLLM
 from fpa.cache.prefill import generate, prefill
 
-__all__ = ["FPACache", "FPAEviction", "FoXEviction", "H2O", "LayerCache", "LayerInfo", "Policy",
-           "SlidingWindow", "StreamingLLM", "TOVA", "generate", "prefill"]
+__all__ = [
+    "FPACache",
+    "FPAEviction",
+    "FoXEviction",
+    "H2O",
+    "LayerCache",
+    "LayerInfo",
+    "Policy",
+    "SlidingWindow",
+    "StreamingLLM",
+    "TOVA",
+    "generate",
+    "prefill",
+]

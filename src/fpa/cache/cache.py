@@ -8,9 +8,11 @@ from torch import Tensor
 try:  # a transformers Cache when transformers is installed (the models extra)
     from transformers.cache_utils import Cache
 except ImportError:  # pragma: no cover - core install: fpa.cache works without transformers
+
     class Cache:  # type: ignore[no-redef]
         def __init__(self, layer_class_to_replicate=None):
             self.layers = []
+
 
 from fpa.cache.layer import LayerCache
 from fpa.cache.policies import Policy
@@ -49,10 +51,13 @@ class FPACache(Cache):
         if self.model_signature is None:
             self.model_signature = dict(signature)
         elif self.model_signature != dict(signature):
-            diff = {k: (self.model_signature.get(k), v) for k, v in signature.items()
-                    if self.model_signature.get(k) != v}
-            raise ValueError(f"this FPACache was filled by a model with another configuration "
-                             f"(field: (cache's, this model's) = {diff}); use a new FPACache for this model")
+            diff = {
+                k: (self.model_signature.get(k), v) for k, v in signature.items() if self.model_signature.get(k) != v
+            }
+            raise ValueError(
+                f"this FPACache was filled by a model with another configuration "
+                f"(field: (cache's, this model's) = {diff}); use a new FPACache for this model"
+            )
 
     def layer(self, idx: int) -> LayerCache:
         """The LayerCache of layer ``idx``, created on first use."""

@@ -23,8 +23,9 @@ class RuleThenBudget(Policy):
     def __init__(self, rule: Policy, budget_policy: Policy):
         super().__init__()
         if not hasattr(budget_policy, "budget") or not hasattr(budget_policy, "score"):
-            raise ValueError(f"budget_policy must be a budget policy (SlidingWindow, StreamingLLM, TOVA, H2O), "
-                             f"got {budget_policy!r}")
+            raise ValueError(
+                f"budget_policy must be a budget policy (SlidingWindow, StreamingLLM, TOVA, H2O), got {budget_policy!r}"
+            )
         self.rule, self.budget_policy = rule, budget_policy
         self.needs_weights = rule.needs_weights or budget_policy.needs_weights
         self.name = f"{rule.name}+{budget_policy.name}"

@@ -62,8 +62,10 @@ class LayerCache(LayerState, CacheLayerMixin):
         """Nothing to do: the store is created by ``configure`` on the layer's first call."""
 
     def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs):
-        raise NotImplementedError("FPA attention layers write to their LayerCache with append(); "
-                                  "an FPACache cannot serve a model that calls Cache.update")
+        raise NotImplementedError(
+            "FPA attention layers write to their LayerCache with append(); "
+            "an FPACache cannot serve a model that calls Cache.update"
+        )
 
     def get_seq_length(self) -> int:
         """Tokens seen so far, padding included (not keys held)."""
@@ -119,13 +121,16 @@ class LayerCache(LayerState, CacheLayerMixin):
         if keep >= self.length or self.store is None:
             return
         if not self.is_croppable:
-            raise ValueError("crop (assisted or prompt-lookup decoding) needs an FPACache without an eviction "
-                             "policy: evicted keys cannot be restored")
+            raise ValueError(
+                "crop (assisted or prompt-lookup decoding) needs an FPACache without an eviction "
+                "policy: evicted keys cannot be restored"
+            )
         keep = max(keep, 0)
         self.store.truncate(keep)  # slot i holds token i: nothing was evicted or compacted
         valid, pos = self.store["valid"][:, 0], self.store["pos"][:, 0].long()
-        self.next_position = (pos.masked_fill(~valid, -1).max(-1).values + 1 if keep else
-                              torch.zeros_like(self.next_position))
+        self.next_position = (
+            pos.masked_fill(~valid, -1).max(-1).values + 1 if keep else torch.zeros_like(self.next_position)
+        )
         if self._fields:
             field = torch.cat(self._fields, -1)[..., :keep]
             self._fields = [field]

@@ -93,8 +93,9 @@ class _ThresholdEviction(Policy):
 
     def check_layer(self, layer: LayerCache) -> None:
         if layer.info.kind != self.kind:
-            raise ValueError(f"{type(self).__name__} needs a model with attention={self.kind!r}, "
-                             f"got a {layer.info.kind!r} layer")
+            raise ValueError(
+                f"{type(self).__name__} needs a model with attention={self.kind!r}, got a {layer.info.kind!r} layer"
+            )
 
     def effective_threshold(self, layer: LayerCache) -> float:
         return self.threshold
@@ -129,8 +130,10 @@ class FPAEviction(_ThresholdEviction):
     def check_layer(self, layer: LayerCache) -> None:
         super().check_layer(layer)
         if self.certified and layer.info.content_bound is None:
-            raise ValueError("FPAEviction(certified=True) needs a model with qk_norm=True "
-                             "(the bound on content logits comes from the qk-norm weights)")
+            raise ValueError(
+                "FPAEviction(certified=True) needs a model with qk_norm=True "
+                "(the bound on content logits comes from the qk-norm weights)"
+            )
 
     def effective_threshold(self, layer: LayerCache) -> float:
         return self.threshold + (2 * layer.info.content_bound if self.certified else 0.0)

@@ -26,13 +26,19 @@ def prefill(model, input_ids: Tensor, cache: FPACache, chunk_size: int = 512) ->
     chunk_size = _check_chunk(chunk_size)
     logits = None
     for a in range(0, input_ids.shape[1], chunk_size):
-        logits = model(input_ids[:, a:a + chunk_size], past_key_values=cache, use_cache=True).logits[:, -1]
+        logits = model(input_ids[:, a : a + chunk_size], past_key_values=cache, use_cache=True).logits[:, -1]
     return logits
 
 
 @torch.no_grad()
-def generate(model, input_ids: Tensor, cache: FPACache, max_new_tokens: int, chunk_size: int = 512,
-             attention_mask: Tensor | None = None) -> Tensor:
+def generate(
+    model,
+    input_ids: Tensor,
+    cache: FPACache,
+    max_new_tokens: int,
+    chunk_size: int = 512,
+    attention_mask: Tensor | None = None,
+) -> Tensor:
     """Greedy ``model.generate`` with ``cache``, the prompt prefilled in chunks of ``chunk_size``
     tokens (the policy running after each chunk, as ``prefill`` does).
 
@@ -53,6 +59,12 @@ def generate(model, input_ids: Tensor, cache: FPACache, max_new_tokens: int, chu
     chunk_size = _check_chunk(chunk_size)
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
-    return model.generate(input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens, do_sample=False,
-                          prefill_chunk_size=chunk_size, pad_token_id=getattr(model.config, "pad_token_id", None) or 0,
-                          **{CACHE_ARG: cache})
+    return model.generate(
+        input_ids,
+        attention_mask=attention_mask,
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        prefill_chunk_size=chunk_size,
+        pad_token_id=getattr(model.config, "pad_token_id", None) or 0,
+        **{CACHE_ARG: cache},
+    )

@@ -70,9 +70,17 @@ def _check_args(tokenizer: str, vocab_size, val_fraction, max_bytes, seed) -> No
         raise ValueError(f"seed must be an int, got {seed!r}")
 
 
-def prepare_corpus(source, out_dir: str | Path, tokenizer: str = "byte", vocab_size: int | None = None,
-                   val_fraction: float = 0.05, seed: int = 0, max_bytes: int | None = None,
-                   overwrite: bool = False, bpe_sample_bytes: int = BPE_SAMPLE_BYTES) -> Path:
+def prepare_corpus(
+    source,
+    out_dir: str | Path,
+    tokenizer: str = "byte",
+    vocab_size: int | None = None,
+    val_fraction: float = 0.05,
+    seed: int = 0,
+    max_bytes: int | None = None,
+    overwrite: bool = False,
+    bpe_sample_bytes: int = BPE_SAMPLE_BYTES,
+) -> Path:
     """Tokenize ``source`` (see fpa.data.sources) into ``out_dir``; returns ``out_dir``.
 
     Documents are split train/val by document (file, jsonl line, dataset row or 64 KB chunk of a
@@ -84,26 +92,35 @@ def prepare_corpus(source, out_dir: str | Path, tokenizer: str = "byte", vocab_s
     """
     _check_args(tokenizer, vocab_size, val_fraction, max_bytes, seed)
     out = Path(out_dir)
-    args = {"source": [str(s) for s in source] if isinstance(source, (list, tuple)) else str(source),
-            "tokenizer": tokenizer, "vocab_size": vocab_size, "val_fraction": val_fraction,
-            "seed": seed, "max_bytes": max_bytes}
+    args = {
+        "source": [str(s) for s in source] if isinstance(source, (list, tuple)) else str(source),
+        "tokenizer": tokenizer,
+        "vocab_size": vocab_size,
+        "val_fraction": val_fraction,
+        "seed": seed,
+        "max_bytes": max_bytes,
+    }
     if (out / META).is_file() and not overwrite:
         try:
             old = json.loads((out / META).read_text()).get("args")
         except (ValueError, AttributeError) as e:  # not JSON, or not an object
-            raise ValueError(f"out_dir {out} holds a corrupt {META} ({e}); pass overwrite=True (--overwrite) "
-                             "to prepare it again") from None
+            raise ValueError(
+                f"out_dir {out} holds a corrupt {META} ({e}); pass overwrite=True (--overwrite) to prepare it again"
+            ) from None
         if old == args:
             return out
-        raise ValueError(f"out_dir {out} already holds a corpus prepared with {old}; pass overwrite=True "
-                         f"or another out_dir to prepare {args}")
+        raise ValueError(
+            f"out_dir {out} already holds a corpus prepared with {old}; pass overwrite=True "
+            f"or another out_dir to prepare {args}"
+        )
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     (out / META).unlink(missing_ok=True)
     writers: dict[str, ShardWriter] = {}
     try:
-        tok, n_docs, splits = _write_shards(source, out, tokenizer, vocab_size, val_fraction, seed, max_bytes,
-                                            bpe_sample_bytes, writers)
+        tok, n_docs, splits = _write_shards(
+            source, out, tokenizer, vocab_size, val_fraction, seed, max_bytes, bpe_sample_bytes, writers
+        )
         tok.save(out)
     except BaseException:
         # a failed preparation leaves nothing behind: no shards, and no folder if it made it
@@ -112,15 +129,32 @@ def prepare_corpus(source, out_dir: str | Path, tokenizer: str = "byte", vocab_s
         if created:
             shutil.rmtree(out, ignore_errors=True)
         raise
-    meta = {"format": 1, "args": args, "tokenizer": tok.kind, "vocab_size": tok.vocab_size, "eos_id": tok.eos_id,
-            "dtype": dtype_for_vocab(tok.vocab_size).name, "documents": n_docs,
-            "tokens": {s: sum(x["tokens"] for x in v) for s, v in splits.items()}, "splits": splits}
+    meta = {
+        "format": 1,
+        "args": args,
+        "tokenizer": tok.kind,
+        "vocab_size": tok.vocab_size,
+        "eos_id": tok.eos_id,
+        "dtype": dtype_for_vocab(tok.vocab_size).name,
+        "documents": n_docs,
+        "tokens": {s: sum(x["tokens"] for x in v) for s, v in splits.items()},
+        "splits": splits,
+    }
     atomic_write_text(out / META, json.dumps(meta, indent=1) + "\n")
     return out
 
 
-def _write_shards(source, out: Path, tokenizer: str, vocab_size, val_fraction: float, seed: int, max_bytes,
-                  bpe_sample_bytes: int, writers: dict) -> tuple:
+def _write_shards(
+    source,
+    out: Path,
+    tokenizer: str,
+    vocab_size,
+    val_fraction: float,
+    seed: int,
+    max_bytes,
+    bpe_sample_bytes: int,
+    writers: dict,
+) -> tuple:
     """Tokenize into out's shards; fills ``writers`` (so the caller can abort them) and returns
     (tokenizer, documents per split, shard descriptions per split)."""
     phase = int.from_bytes(hashlib.blake2b(str(seed).encode(), digest_size=8).digest(), "little") / 2**64
@@ -129,8 +163,9 @@ def _write_shards(source, out: Path, tokenizer: str, vocab_size, val_fraction: f
         tok = ByteTokenizer()
     else:
         train_docs = (d for i, d in enumerate(docs()) if not is_val(i, val_fraction, phase))
-        tok = BPETokenizer.train((d.text for d in capped(train_docs, bpe_sample_bytes)),
-                                 vocab_size or DEFAULT_BPE_VOCAB)
+        tok = BPETokenizer.train(
+            (d.text for d in capped(train_docs, bpe_sample_bytes)), vocab_size or DEFAULT_BPE_VOCAB
+        )
     dtype = dtype_for_vocab(tok.vocab_size)
     writers.update({s: ShardWriter(out, s, dtype) for s in ("train", "val")})
     n_docs = {"train": 0, "val": 0}
@@ -141,6 +176,8 @@ def _write_shards(source, out: Path, tokenizer: str, vocab_size, val_fraction: f
             n_docs[split] += 1
     splits = {s: w.close() for s, w in writers.items()}
     if n_docs["train"] == 0 or (val_fraction > 0 and n_docs["val"] == 0):
-        raise ValueError(f"source {source!r} gave {n_docs['train']} train and {n_docs['val']} val documents; "
-                         f"need at least one of each (more text, or a larger val_fraction)")
+        raise ValueError(
+            f"source {source!r} gave {n_docs['train']} train and {n_docs['val']} val documents; "
+            f"need at least one of each (more text, or a larger val_fraction)"
+        )
     return tok, n_docs, splits

@@ -90,8 +90,10 @@ class ShardWriter:
 def read_meta(data_dir: str | Path) -> dict:
     path = Path(data_dir) / META
     if not path.is_file():
-        raise ValueError(f"data_dir must be a folder prepared by prepare_corpus (no {META} in {data_dir}; "
-                         "an interrupted preparation leaves none)")
+        raise ValueError(
+            f"data_dir must be a folder prepared by prepare_corpus (no {META} in {data_dir}; "
+            "an interrupted preparation leaves none)"
+        )
     try:
         meta = json.loads(path.read_text())
         meta["splits"], meta["dtype"]
@@ -122,8 +124,9 @@ class TokenShards:
                 raise ValueError(f"shard {path} is missing")
             expected = shard["tokens"] * dtype.itemsize
             if path.stat().st_size != expected:
-                raise ValueError(f"shard {path} is truncated or corrupt: {path.stat().st_size} bytes, "
-                                 f"meta.json expects {expected}")
+                raise ValueError(
+                    f"shard {path} is truncated or corrupt: {path.stat().st_size} bytes, meta.json expects {expected}"
+                )
             if verify and sha256_file(path) != shard["sha256"]:
                 raise ValueError(f"shard {path} is corrupt: its sha256 does not match meta.json")
             if shard["tokens"]:
@@ -145,6 +148,6 @@ class TokenShards:
             k = int(np.searchsorted(self._starts, pos, side="right")) - 1
             local = pos - self._starts[k]
             take = min(stop - pos, self._maps[k].size - local)
-            out[pos - start: pos - start + take] = self._maps[k][local: local + take]
+            out[pos - start : pos - start + take] = self._maps[k][local : local + take]
             pos += take
         return out

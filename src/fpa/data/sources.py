@@ -42,8 +42,10 @@ def resolve_files(source: str | Path) -> list[Path]:
         return sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in TEXT_SUFFIXES)
     matches = sorted(Path(p) for p in globlib.glob(str(source), recursive=True) if Path(p).is_file())
     if not matches:
-        raise ValueError(f"source must be 'stdlib', 'hf:NAME[:CONFIG]', an existing file, folder or a glob "
-                         f"matching files; {str(source)!r} matches nothing")
+        raise ValueError(
+            f"source must be 'stdlib', 'hf:NAME[:CONFIG]', an existing file, folder or a glob "
+            f"matching files; {str(source)!r} matches nothing"
+        )
     return matches
 
 
@@ -75,8 +77,9 @@ def file_documents(path: Path) -> Iterator[Document]:
                     try:
                         yield Document(f"{path}:{i}", json.loads(line)["text"])
                     except (json.JSONDecodeError, KeyError, TypeError) as e:
-                        raise ValueError(f"{path} line {i + 1}: expected a JSON object with a 'text' field "
-                                         f"({e})") from None
+                        raise ValueError(
+                            f"{path} line {i + 1}: expected a JSON object with a 'text' field ({e})"
+                        ) from None
         return
     text = _read_text(path)
     if text:
@@ -89,7 +92,7 @@ def hf_documents(spec: str) -> Iterator[Document]:
         import datasets
     except ImportError:
         raise ValueError(f"source {spec!r} needs the 'datasets' package: pip install 'fpa[hf]'") from None
-    name, _, config = spec[len("hf:"):].partition(":")
+    name, _, config = spec[len("hf:") :].partition(":")
     if not name:
         raise ValueError(f"source must be 'hf:NAME[:CONFIG]', got {spec!r}")
     ds = datasets.load_dataset(name, config or None, split="train", streaming=True)

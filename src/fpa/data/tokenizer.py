@@ -82,8 +82,12 @@ class BPETokenizer:
         tok = Tokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS_TOKEN],
-                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            special_tokens=[EOS_TOKEN],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        )
         tok.train_from_iterator(texts, trainer=trainer)
         return cls(tok)
 
@@ -111,8 +115,11 @@ class BPETokenizer:
 def _bytes_to_unicode() -> dict[int, str]:
     """Byte -> printable character, the byte-level alphabet of ``tokenizers``' ByteLevel step:
     printable Latin-1 bytes map to themselves, the others to chr(256 + n) in byte order."""
-    keep = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1),
-            *range(ord("\u00ae"), ord("\u00ff") + 1)]
+    keep = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("\u00a1"), ord("\u00ac") + 1),
+        *range(ord("\u00ae"), ord("\u00ff") + 1),
+    ]
     out, n = {b: chr(b) for b in keep}, 0
     for b in range(256):
         if b not in out:
@@ -144,8 +151,13 @@ def save_hf_tokenizer(tok: ByteTokenizer | BPETokenizer, directory: str | Path) 
     with eos = pad = ``<|endoftext|>`` and padding on the left (for batched generation)."""
     from transformers import PreTrainedTokenizerFast
 
-    hf = PreTrainedTokenizerFast(tokenizer_object=rust_tokenizer(tok), eos_token=EOS_TOKEN, pad_token=EOS_TOKEN,
-                                 padding_side="left", model_max_length=int(1e9))
+    hf = PreTrainedTokenizerFast(
+        tokenizer_object=rust_tokenizer(tok),
+        eos_token=EOS_TOKEN,
+        pad_token=EOS_TOKEN,
+        padding_side="left",
+        model_max_length=int(1e9),
+    )
     hf.save_pretrained(str(directory))
 
 
@@ -154,8 +166,10 @@ def load_tokenizer(data_dir: str | Path) -> ByteTokenizer | BPETokenizer:
     directory = Path(data_dir)
     meta_path = directory / TOKENIZER_META
     if not meta_path.is_file():
-        raise ValueError(f"data_dir must contain {TOKENIZER_META} (a folder written by prepare_corpus "
-                         f"or train); not found in {directory}")
+        raise ValueError(
+            f"data_dir must contain {TOKENIZER_META} (a folder written by prepare_corpus "
+            f"or train); not found in {directory}"
+        )
     try:
         meta = json.loads(meta_path.read_text())
         kind = meta["kind"]

@@ -57,12 +57,27 @@ class TokenOffsetWalk(FirstPassageAttention):
     heads), so a seeded run trains exactly as the committed benchmark
     (benchmarks/results/agent-trace-cpu.*) did. The draws use the CPU generator."""
 
-    def __init__(self, hidden_size: int, num_heads: int, head_dim: int, offset_bias_init: float = -4.0,
-                 field_init_std: float = 0.02):
+    def __init__(
+        self,
+        hidden_size: int,
+        num_heads: int,
+        head_dim: int,
+        offset_bias_init: float = -4.0,
+        field_init_std: float = 0.02,
+    ):
         rng = torch.get_rng_state()
-        super().__init__(hidden_size, num_heads, mode="walk", head_dim=head_dim, walk_increment="linear",
-                         beta_activation="softplus", beta_init=_TRACE_BETA_INIT, level_offset="token",
-                         level_offset_bias_init=offset_bias_init, field_init_std=field_init_std)
+        super().__init__(
+            hidden_size,
+            num_heads,
+            mode="walk",
+            head_dim=head_dim,
+            walk_increment="linear",
+            beta_activation="softplus",
+            beta_init=_TRACE_BETA_INIT,
+            level_offset="token",
+            level_offset_bias_init=offset_bias_init,
+            field_init_std=field_init_std,
+        )
         # replay the original layer's draws from the same state: q, k, v, o (their values again),
         # an unused increment head (nn.Linear's init, then normal), its step and offset heads
         torch.set_rng_state(rng)
@@ -150,8 +165,14 @@ class Trace:
     oldest: np.ndarray
 
 
-def make_trace(n_tokens: int, max_depth: int = 6, p_call: float = 0.03, p_return: float = 0.03,
-               query_every: int = 64, seed: int = 0) -> Trace:
+def make_trace(
+    n_tokens: int,
+    max_depth: int = 6,
+    p_call: float = 0.03,
+    p_return: float = 0.03,
+    query_every: int = 64,
+    seed: int = 0,
+) -> Trace:
     """A calls-task trace of ``n_tokens`` tokens (calls, returns, observations; no query tokens,
     which training only shows at the end of a sequence) whose depth never exceeds ``max_depth``;
     answers are read at every ``query_every``-th position."""
@@ -181,9 +202,18 @@ def make_trace(n_tokens: int, max_depth: int = 6, p_call: float = 0.03, p_return
     return Trace(tokens, answer[0], tol[0], valid[0], query, depth, oldest)
 
 
-def train_walk_head(steps: int = 600, batch: int = 32, dim: int = 16, m_max: int = 6, obs_weight: float = 3.0,
-                    length_factor: int = 3, lr: float = 1e-2, seed: int = 0, variant: str = "walk",
-                    layer_kwargs: dict | None = None) -> tuple[PackedModels, list[float]]:
+def train_walk_head(
+    steps: int = 600,
+    batch: int = 32,
+    dim: int = 16,
+    m_max: int = 6,
+    obs_weight: float = 3.0,
+    length_factor: int = 3,
+    lr: float = 1e-2,
+    seed: int = 0,
+    variant: str = "walk",
+    layer_kwargs: dict | None = None,
+) -> tuple[PackedModels, list[float]]:
     """A one-layer one-head fpa_walk model trained on calls sequences (depth at the end m in
     1..m_max, ``obs_weight`` observations per push or pop, length (m + 16) * length_factor), dense
     loss in tolerance units, Adam with warm-up and cosine decay (``fpa.experiments.capacity``).
@@ -216,8 +246,9 @@ def train_walk_head(steps: int = 600, batch: int = 32, dim: int = 16, m_max: int
 
 
 @torch.no_grad()
-def decode_trace(model: PackedModels, trace: Trace, policy: Policy | None, chunk: int = 16,
-                 sample_every: int = 1024) -> dict:
+def decode_trace(
+    model: PackedModels, trace: Trace, policy: Policy | None, chunk: int = 16, sample_every: int = 1024
+) -> dict:
     """Run ``model`` over the trace as a cached decoder (chunks of ``chunk`` tokens, the policy
     after each). Returns correct (T,) bool (False where the answer is undefined), and samples of
     (tokens seen, bytes held, bytes of kept keys, keys held) every ``sample_every`` tokens."""
@@ -228,17 +259,23 @@ def decode_trace(model: PackedModels, trace: Trace, policy: Policy | None, chunk
     preds = torch.empty(T)
     samples, t0, next_sample = [], time.perf_counter(), sample_every
     for a in range(0, T, chunk):
-        y = model.attn(model.hidden(tokens[..., a:a + chunk]), lc)
+        y = model.attn(model.hidden(tokens[..., a : a + chunk]), lc)
         cache.step_done()
-        preds[a:a + chunk] = model.readout_all(y)[0, 0]
+        preds[a : a + chunk] = model.readout_all(y)[0, 0]
         seen = min(T, a + chunk)
         if seen >= next_sample or seen == T:
-            samples.append(dict(tokens=seen, bytes_held=cache.bytes_held(), bytes_live=cache.bytes_live(),
-                                keys_held=int(lc.counts().sum()), depth=int(trace.depth[seen - 1])))
+            samples.append(
+                dict(
+                    tokens=seen,
+                    bytes_held=cache.bytes_held(),
+                    bytes_live=cache.bytes_live(),
+                    keys_held=int(lc.counts().sum()),
+                    depth=int(trace.depth[seen - 1]),
+                )
+            )
             next_sample += sample_every
     correct = ((preds.numpy() - trace.answer).__abs__() < trace.tolerance) & trace.valid
-    return dict(correct=correct, samples=samples, seconds=time.perf_counter() - t0,
-                peak_bytes=cache.peak_bytes)
+    return dict(correct=correct, samples=samples, seconds=time.perf_counter() - t0, peak_bytes=cache.peak_bytes)
 
 
 def accuracy_along(correct: np.ndarray, valid: np.ndarray, segments: int = 20) -> list[float]:
@@ -254,13 +291,22 @@ def summarise(name: str, run: dict, trace: Trace, window: int | None = None) -> 
     """The figures of one decoding run: accuracy overall, along the trace, and split by whether
     the oldest open call is older than ``window`` tokens; bytes held (first/last/max sample)."""
     c, v = run["correct"], trace.valid & trace.query
-    out = dict(config=name, accuracy=float(c[v].mean()), accuracy_along=accuracy_along(c, v),
-               seconds=run["seconds"], peak_bytes=run["peak_bytes"], samples=run["samples"])
+    out = dict(
+        config=name,
+        accuracy=float(c[v].mean()),
+        accuracy_along=accuracy_along(c, v),
+        seconds=run["seconds"],
+        peak_bytes=run["peak_bytes"],
+        samples=run["samples"],
+    )
     if window is not None:
         old = v & (trace.oldest >= window)
-        out.update(window=window, accuracy_call_older_than_window=float(c[old].mean()) if old.any() else math.nan,
-                   accuracy_call_within_window=float(c[v & ~old].mean()) if (v & ~old).any() else math.nan,
-                   fraction_positions_older=float(old.sum() / max(v.sum(), 1)))
+        out.update(
+            window=window,
+            accuracy_call_older_than_window=float(c[old].mean()) if old.any() else math.nan,
+            accuracy_call_within_window=float(c[v & ~old].mean()) if (v & ~old).any() else math.nan,
+            fraction_positions_older=float(old.sum() / max(v.sum(), 1)),
+        )
     return out
 
 

@@ -19,7 +19,7 @@ def sign_test_p(diffs: Sequence[float]) -> float:
     n, k = len(d), sum(x > 0 for x in d)
     if n == 0:
         return 1.0
-    tail = sum(math.comb(n, i) for i in range(0, min(k, n - k) + 1)) / 2 ** n
+    tail = sum(math.comb(n, i) for i in range(0, min(k, n - k) + 1)) / 2**n
     return float(min(1.0, 2 * tail))
 
 
@@ -40,20 +40,37 @@ def paired(a: Sequence[float], b: Sequence[float]) -> dict:
     if len(a) != len(b):
         raise ValueError(f"paired samples must have the same length, got {len(a)} and {len(b)}")
     diffs = [float(x) - float(y) for x, y in zip(a, b)]
-    return {"n": len(diffs), "mean_diff": float(np.mean(diffs)) if diffs else math.nan, "ci95": bootstrap_ci(diffs),
-            "sign_p": sign_test_p(diffs), "diffs": diffs, "wins_a": sum(x > 0 for x in diffs),
-            "wins_b": sum(x < 0 for x in diffs), "ties": sum(x == 0 for x in diffs)}
+    return {
+        "n": len(diffs),
+        "mean_diff": float(np.mean(diffs)) if diffs else math.nan,
+        "ci95": bootstrap_ci(diffs),
+        "sign_p": sign_test_p(diffs),
+        "diffs": diffs,
+        "wins_a": sum(x > 0 for x in diffs),
+        "wins_b": sum(x < 0 for x in diffs),
+        "ties": sum(x == 0 for x in diffs),
+    }
 
 
-def verdict(res: dict, a: str, b: str, what: str, unit: str = " points", scale: float = 100.0,
-            higher_is_better: bool = True, digits: int = 1) -> str:
+def verdict(
+    res: dict,
+    a: str,
+    b: str,
+    what: str,
+    unit: str = " points",
+    scale: float = 100.0,
+    higher_is_better: bool = True,
+    digits: int = 1,
+) -> str:
     """One sentence from a paired result: who is ahead (the 95% interval excludes 0), or that no
     difference is detectable; the sign test's p and the wins of each side are quoted beside it."""
     lo, hi = (scale * x for x in res["ci95"])
     mean = scale * res["mean_diff"]
     f = f"+.{digits}f"
-    interval = (f"mean {a} - {b} {mean:{f}}{unit}, 95% interval [{lo:{f}}, {hi:{f}}], sign test p = "
-                f"{res['sign_p']:.2g}, {a} ahead on {res['wins_a']} seeds and {b} on {res['wins_b']}")
+    interval = (
+        f"mean {a} - {b} {mean:{f}}{unit}, 95% interval [{lo:{f}}, {hi:{f}}], sign test p = "
+        f"{res['sign_p']:.2g}, {a} ahead on {res['wins_a']} seeds and {b} on {res['wins_b']}"
+    )
     if lo > 0 or hi < 0:
         ahead = a if (lo > 0) == higher_is_better else b
         return f"{what}: {ahead} ahead at n = {res['n']} ({interval})."

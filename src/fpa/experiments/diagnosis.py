@@ -61,18 +61,32 @@ def diagnose_seed(model_dir: str, p_dict: dict, failing_cells: list[int]) -> dic
         layer, head = np.unravel_index(int(m1.argmax()), m1.shape)
         for s1, s8 in zip(at1, at8):
             pen1, pen8 = float(s1["penalty"][layer, head]), float(s8["penalty"][layer, head])
-            rows.append({"depth": depth, "layer": int(layer), "head": int(head),
-                         "mass_1x": float(s1["mass"][layer, head]), "mass_8x": float(s8["mass"][layer, head]),
-                         "penalty_1x": pen1, "penalty_8x": pen8,
-                         "cause": "forgetting" if pen8 > pen1 + FORGET_MARGIN else "dilution"})
+            rows.append(
+                {
+                    "depth": depth,
+                    "layer": int(layer),
+                    "head": int(head),
+                    "mass_1x": float(s1["mass"][layer, head]),
+                    "mass_8x": float(s8["mass"][layer, head]),
+                    "penalty_1x": pen1,
+                    "penalty_8x": pen8,
+                    "cause": "forgetting" if pen8 > pen1 + FORGET_MARGIN else "dilution",
+                }
+            )
         if len(rows) >= MAX_PROMPTS:
             break
     causes = [r["cause"] for r in rows]
     return {"prompts": rows, "forgetting": causes.count("forgetting"), "dilution": causes.count("dilution")}
 
 
-def diagnose_misses(p: ReproducePreset, runs: list[dict], evaluated: dict, stages: Stages, model_dir: dict,
-                    run_id: Callable[[dict], str]) -> dict:
+def diagnose_misses(
+    p: ReproducePreset,
+    runs: list[dict],
+    evaluated: dict,
+    stages: Stages,
+    model_dir: dict,
+    run_id: Callable[[dict], str],
+) -> dict:
     """{run id: diagnosis} for every core FPA walk run that passes the 1x control and is below 100%
     at 8x (stages ``diagnose-<run>``)."""
     from fpa.experiments.aggregate import CONTROL
@@ -90,7 +104,8 @@ def diagnose_misses(p: ReproducePreset, runs: list[dict], evaluated: dict, stage
         failing = [j for j, c in enumerate(grid["correct"][i8]) if c < p.trials]
         if failing:
             rid = run_id(r)
-            out[rid] = stages.run(f"diagnose-{rid}", lambda rid=rid, failing=failing: diagnose_seed(
-                model_dir[rid], p.to_dict(), failing))
+            out[rid] = stages.run(
+                f"diagnose-{rid}", lambda rid=rid, failing=failing: diagnose_seed(model_dir[rid], p.to_dict(), failing)
+            )
             out[rid]["seed"] = r["seed"]
     return out

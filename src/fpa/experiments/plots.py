@@ -49,8 +49,9 @@ def series_styles(names: list[str], dashed: tuple[str, ...] = ()) -> dict[str, d
     return out
 
 
-def plot_loss_curves(curves: dict[str, list[float]], train_len: int, path: str | Path,
-                     dashed: tuple[str, ...] = ()) -> None:
+def plot_loss_curves(
+    curves: dict[str, list[float]], train_len: int, path: str | Path, dashed: tuple[str, ...] = ()
+) -> None:
     """Per-position held-out loss (T,) per method, smoothed over train_len / 8 positions; the
     methods named in ``dashed`` (ablations) drawn dashed."""
     fig, ax = _figure(figsize=(7 + (1.8 if len(curves) > 6 else 0), 4))
@@ -76,8 +77,9 @@ def _legend(ax, n: int) -> None:
         ax.legend(fontsize=8)
 
 
-def plot_task_curves(curves: dict[str, dict], path: str | Path, floor: float | None = None,
-                     dashed: tuple[str, ...] = ()) -> None:
+def plot_task_curves(
+    curves: dict[str, dict], path: str | Path, floor: float | None = None, dashed: tuple[str, ...] = ()
+) -> None:
     """Answer loss on fixed passkey samples against training step, per method: mean over seeds
     (line) and min to max (band); the methods in ``dashed`` (ablations, one seed) dashed.
     curves[method] = {"steps", "mean", "min", "max"}."""
@@ -106,12 +108,24 @@ def plot_by_multiple(methods: dict[str, dict], path: str | Path, title: str, das
     for i, (name, m) in enumerate(methods.items()):
         mults = m["passkey"]["multiples"]
         st = styles[name]
-        ax.plot(mults, np.asarray(m["passkey"]["accuracy_by_multiple"]) * 100, color=st["color"], ls=st["ls"],
-                marker=st["marker"], lw=1.4, label=f"{name} (n = {m['passkey']['n_seeds']})")
+        ax.plot(
+            mults,
+            np.asarray(m["passkey"]["accuracy_by_multiple"]) * 100,
+            color=st["color"],
+            ls=st["ls"],
+            marker=st["marker"],
+            lw=1.4,
+            label=f"{name} (n = {m['passkey']['n_seeds']})",
+        )
         jitter = 1 + 0.04 * (i - len(methods) / 2)
         for s in m["seeds"]:
-            ax.scatter([k * jitter for k in mults], [100 * s["passkey_by_multiple"][str(k)] for k in mults],
-                       color=st["color"], s=9, alpha=0.45)
+            ax.scatter(
+                [k * jitter for k in mults],
+                [100 * s["passkey_by_multiple"][str(k)] for k in mults],
+                color=st["color"],
+                s=9,
+                alpha=0.45,
+            )
     ax.set_xscale("log", base=2)
     ax.set_xticks(mults, [f"{k}x" for k in mults])
     ax.set_ylim(-3, 103)
@@ -130,8 +144,15 @@ def plot_paired(diffs: dict[str, dict], path: str | Path, title: str) -> None:
         x = np.full(len(d["diffs"]), i) + np.linspace(-0.12, 0.12, max(1, len(d["diffs"])))
         ax.scatter(x, d["diffs"], s=14, color="tab:blue", alpha=0.7, label="one seed" if i == 0 else None)
         lo, hi = d["ci95"]
-        ax.errorbar([i + 0.3], [d["mean_diff"]], yerr=[[d["mean_diff"] - lo], [hi - d["mean_diff"]]], fmt="o",
-                    color="k", capsize=4, label="mean, 95% bootstrap interval" if i == 0 else None)
+        ax.errorbar(
+            [i + 0.3],
+            [d["mean_diff"]],
+            yerr=[[d["mean_diff"] - lo], [hi - d["mean_diff"]]],
+            fmt="o",
+            color="k",
+            capsize=4,
+            label="mean, 95% bootstrap interval" if i == 0 else None,
+        )
     ax.axhline(0, color="grey", lw=0.8, ls=":")
     ax.set_xticks(range(len(diffs)), list(diffs))
     ax.set_ylabel("FPA walk - FoX")
@@ -149,12 +170,27 @@ def plot_eviction(evictions: dict[str, dict], path: str | Path) -> None:
         mults = [int(k) for k in ev["by_multiple"]]
         by = ev["by_multiple"]
         st = styles[name]
-        axes[0].plot(mults, [100 * np.mean(by[str(k)]["kept_fraction"]) for k in mults], color=st["color"],
-                     marker="o", label=f"{name} (tau {ev['tau']:g})")
-        for key, ls, what in (("accuracy", "-", "own rule"), ("full_accuracy", ":", "full cache"),
-                              ("window_accuracy", "--", "window, same size")):
-            axes[1].plot(mults, [100 * np.mean(by[str(k)][key]) for k in mults], color=st["color"], ls=ls,
-                         marker="o", ms=3, label=f"{name}: {what}")
+        axes[0].plot(
+            mults,
+            [100 * np.mean(by[str(k)]["kept_fraction"]) for k in mults],
+            color=st["color"],
+            marker="o",
+            label=f"{name} (tau {ev['tau']:g})",
+        )
+        for key, ls, what in (
+            ("accuracy", "-", "own rule"),
+            ("full_accuracy", ":", "full cache"),
+            ("window_accuracy", "--", "window, same size"),
+        ):
+            axes[1].plot(
+                mults,
+                [100 * np.mean(by[str(k)][key]) for k in mults],
+                color=st["color"],
+                ls=ls,
+                marker="o",
+                ms=3,
+                label=f"{name}: {what}",
+            )
     for ax in axes:
         ax.set_xscale("log", base=2)
         ax.set_xticks(mults, [f"{k}x" for k in mults])
@@ -175,8 +211,13 @@ def plot_growth(evictions: dict[str, dict], path: str | Path) -> None:
     styles = series_styles(list(evictions))
     for name, ev in evictions.items():
         g = ev["growth"]
-        ax.plot(g["lengths"], g["kept_keys"], color=styles[name]["color"], marker="o",
-                label=f"{name}: a = {ev['keys_growth_exponent']:.2f}")
+        ax.plot(
+            g["lengths"],
+            g["kept_keys"],
+            color=styles[name]["color"],
+            marker="o",
+            label=f"{name}: a = {ev['keys_growth_exponent']:.2f}",
+        )
     lens = np.asarray(next(iter(evictions.values()))["growth"]["lengths"], float)
     ax.plot(lens, lens, color="grey", ls=":", lw=0.8, label="full cache (a = 1)")
     ax.set_xscale("log", base=2)
@@ -219,8 +260,13 @@ def plot_tuning(rows: list[dict], multiples: list[int], path: str | Path) -> Non
         styles = series_styles([r["name"] for r in mine])
         for r in mine:
             st = styles[r["name"]]
-            ax.plot(multiples, np.asarray(r["val_passkey_by_length"]) * 100, color=st["color"], marker=st["marker"],
-                    label=f"{r['name'][len(base):] or base} (loss {r['val_loss']:.3f})")
+            ax.plot(
+                multiples,
+                np.asarray(r["val_passkey_by_length"]) * 100,
+                color=st["color"],
+                marker=st["marker"],
+                label=f"{r['name'][len(base) :] or base} (loss {r['val_loss']:.3f})",
+            )
         ax.set_xscale("log", base=2)
         ax.set_xticks(multiples, [f"{k}x" for k in multiples])
         ax.set_ylim(-3, 103)

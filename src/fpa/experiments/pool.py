@@ -31,8 +31,9 @@ def _timed(fn: Callable[..., dict], args: tuple) -> tuple[dict, float]:
     return out, time.perf_counter() - t0
 
 
-def run_tasks(stages: Stages, tasks: Sequence[Task], jobs: int = 1, progress: bool = True,
-              desc: str = "stages") -> dict[str, dict]:
+def run_tasks(
+    stages: Stages, tasks: Sequence[Task], jobs: int = 1, progress: bool = True, desc: str = "stages"
+) -> dict[str, dict]:
     """{stage name: output} for every task; finished stages are read back, the others run, in
     order of ``tasks``, ``jobs`` at a time (``jobs`` = 1: in this process)."""
     if not isinstance(jobs, int) or jobs < 1:
@@ -55,8 +56,9 @@ def run_tasks(stages: Stages, tasks: Sequence[Task], jobs: int = 1, progress: bo
         bar.close()
         return out
     threads = max(1, (os.cpu_count() or 1) // jobs)
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn"), initializer=_init_worker,
-                             initargs=(threads,)) as ex:
+    with ProcessPoolExecutor(
+        max_workers=jobs, mp_context=get_context("spawn"), initializer=_init_worker, initargs=(threads,)
+    ) as ex:
         futures = {ex.submit(_timed, fn, args): name for name, fn, args in todo}
         pending = set(futures)
         while pending:

@@ -49,8 +49,13 @@ def runs_of(p: ReproducePreset, methods: tuple[str, ...] | None = None) -> list[
         bad = sorted(set(methods) - set(known))
         if bad or not methods:
             raise ValueError(f"methods must name some of {known}, got {list(methods)!r}")
-    runs = [dict(spec=s, seed=seed, role=role) for role, specs, seeds in groups for seed in seeds for s in specs
-            if methods is None or s.name in methods]
+    runs = [
+        dict(spec=s, seed=seed, role=role)
+        for role, specs, seeds in groups
+        for seed in seeds
+        for s in specs
+        if methods is None or s.name in methods
+    ]
     return sorted(runs, key=lambda r: ({"tuning": 0, "core": 0, "context": 1}[r["role"]], r["seed"]))
 
 
@@ -64,21 +69,45 @@ def _train_config(p: ReproducePreset, out: Path, data_dir: Path, run: dict, prog
 
     spec: MethodSpec = run["spec"]
     return TrainConfig(
-        out_dir=str(out), data_dir=str(data_dir), preset=p.model_preset, attention=spec.attention,
-        fpa_mode=spec.fpa_mode, model_overrides={**p.model_overrides, **spec.model}, seq_len=p.train_len,
-        batch_size=p.batch_size, grad_accum=p.grad_accum, steps=p.steps, lr=p.lr, warmup_steps=p.warmup_steps,
-        seed=run["seed"], ckpt_every=max(1, p.steps // 4), eval_every=p.eval_every or p.steps,
-        log_every=max(1, p.steps // 20), device=p.device, mix_task=p.mix_task, mix_rate=p.mix_rate,
-        progress=progress, tokenizer=p.tokenizer, **spec.train)
+        out_dir=str(out),
+        data_dir=str(data_dir),
+        preset=p.model_preset,
+        attention=spec.attention,
+        fpa_mode=spec.fpa_mode,
+        model_overrides={**p.model_overrides, **spec.model},
+        seq_len=p.train_len,
+        batch_size=p.batch_size,
+        grad_accum=p.grad_accum,
+        steps=p.steps,
+        lr=p.lr,
+        warmup_steps=p.warmup_steps,
+        seed=run["seed"],
+        ckpt_every=max(1, p.steps // 4),
+        eval_every=p.eval_every or p.steps,
+        log_every=max(1, p.steps // 20),
+        device=p.device,
+        mix_task=p.mix_task,
+        mix_rate=p.mix_rate,
+        progress=progress,
+        tokenizer=p.tokenizer,
+        **spec.train,
+    )
 
 
 def _same_config(saved: dict, p: ReproducePreset) -> bool:
     return json.dumps(saved, sort_keys=True) == json.dumps(p.to_dict(), sort_keys=True)
 
 
-def reproduce(p: ReproducePreset, out_dir: str | Path, progress: bool = True, methods: tuple[str, ...] | None = None,
-              log: Callable[[str], None] = print, jobs: int = 1, stop_after: str | None = None,
-              command: str | None = None) -> dict:
+def reproduce(
+    p: ReproducePreset,
+    out_dir: str | Path,
+    progress: bool = True,
+    methods: tuple[str, ...] | None = None,
+    log: Callable[[str], None] = print,
+    jobs: int = 1,
+    stop_after: str | None = None,
+    command: str | None = None,
+) -> dict:
     """Run (or resume) every stage of preset ``p`` in ``out_dir``; returns the results dict ({}
     when ``stop_after="train"`` stops it after the training stages)."""
     from fpa.data import prepare_corpus
@@ -99,16 +128,24 @@ def reproduce(p: ReproducePreset, out_dir: str | Path, progress: bool = True, me
         atomic_write_text(out / ".gitignore", "data/\nmodels/\n")
     cfg = stages.run("config", p.to_dict)
     if not _same_config({k: v for k, v in cfg.items() if k != "_code"}, p):
-        raise ValueError(f"out_dir {out} holds a run of another configuration (preset {cfg.get('name')!r}); "
-                         f"use another --out or delete it")
+        raise ValueError(
+            f"out_dir {out} holds a run of another configuration (preset {cfg.get('name')!r}); "
+            f"use another --out or delete it"
+        )
     data_dir = out / "data"
     if _is_main():
         stages.run("data", lambda: {"data_dir": "data", **_prepare(prepare_corpus, p, data_dir)})
     else:
         _wait_for(stages, "data")
     quiet = progress and jobs == 1
-    train_tasks = [(f"train-{run_id(r)}", train_stage,
-                    (_train_config(p, out / "models" / run_id(r), data_dir, r, quiet).to_dict(),)) for r in runs]
+    train_tasks = [
+        (
+            f"train-{run_id(r)}",
+            train_stage,
+            (_train_config(p, out / "models" / run_id(r), data_dir, r, quiet).to_dict(),),
+        )
+        for r in runs
+    ]
     trained = run_tasks(stages, train_tasks, jobs, progress, desc="train")
     if not _is_main() or stop_after == "train":
         return {}
@@ -126,8 +163,12 @@ def reproduce(p: ReproducePreset, out_dir: str | Path, progress: bool = True, me
         results = finish_tuning(p, runs, trained, evaluated, stages, jobs, progress, task, run_id)
     else:
         tasks = [task(k, r) for r in runs for k in ("loss", "passkey")]
-        tasks += [task(k, r, p.taus[r["spec"].name]) for r in runs if r["role"] == "core"
-                  and r["spec"].base in OWN_RULE_BASES for k in ("evict", "growth")]
+        tasks += [
+            task(k, r, p.taus[r["spec"].name])
+            for r in runs
+            if r["role"] == "core" and r["spec"].base in OWN_RULE_BASES
+            for k in ("evict", "growth")
+        ]
         evaluated = run_tasks(stages, tasks, jobs, progress, desc="evaluate")
         from fpa.experiments.aggregate import aggregate
         from fpa.experiments.diagnosis import diagnose_misses
@@ -158,8 +199,14 @@ def provenance(stages: Stages, command: str | None, t_start: float) -> dict:
         dirty |= bool(stamp.get("dirty"))
     if len(by_commit) > 1:
         detail = "; ".join(f"{c}: {names[:4]}{' ...' if len(names) > 4 else ''}" for c, names in by_commit.items())
-        raise ValueError(f"stages of {stages.dir} were computed at different commits ({detail}); "
-                         f"rerun the stale ones (delete them from state.json) or start a new folder")
+        raise ValueError(
+            f"stages of {stages.dir} were computed at different commits ({detail}); "
+            f"rerun the stale ones (delete them from state.json) or start a new folder"
+        )
     wall = stages.add_wall_time(time.time() - t_start)
-    return {"commit": next(iter(by_commit), None), "dirty": dirty, "command": command or command_line(),
-            "wall_s": round(wall, 1)}
+    return {
+        "commit": next(iter(by_commit), None),
+        "dirty": dirty,
+        "command": command or command_line(),
+        "wall_s": round(wall, 1),
+    }

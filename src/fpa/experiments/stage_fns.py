@@ -54,14 +54,25 @@ def _lengths(p: ReproducePreset) -> list[int]:
 def _grid(model, tok, p: ReproducePreset, seed: int, make_cache=None) -> dict:
     from fpa.eval.passkey import passkey_grid
 
-    g = passkey_grid(model, tok, _lengths(p), p.depths, p.trials, seed=seed, make_cache=make_cache,
-                     chunk_size=p.chunk_size, batch_size=p.eval_batch_size, progress=False)
+    g = passkey_grid(
+        model,
+        tok,
+        _lengths(p),
+        p.depths,
+        p.trials,
+        seed=seed,
+        make_cache=make_cache,
+        chunk_size=p.chunk_size,
+        batch_size=p.eval_batch_size,
+        progress=False,
+    )
     g.pop("examples", None)
     return g
 
 
-def eval_stage(kind: str, p_dict: dict, model_dir: str, data_dir: str, attention: str | None = None,
-               tau: float | None = None) -> dict:
+def eval_stage(
+    kind: str, p_dict: dict, model_dir: str, data_dir: str, attention: str | None = None, tau: float | None = None
+) -> dict:
     """One evaluation of one trained model.
 
     - "loss": held-out loss on the reporting half of the held-out split.
@@ -92,8 +103,13 @@ def eval_stage(kind: str, p_dict: dict, model_dir: str, data_dir: str, attention
         points = []
         for t in p.cache_thresholds:
             g = _grid(model, tok, p, p.validation_prompt_seed, lambda n, t=t: (FPACache(r := _rule(attention, t)), r))
-            points.append({"tau": t, "accuracy_by_length": g["accuracy_by_length"],
-                           "kept_by_length": [sum(row) / len(row) for row in g["kept_fraction"]]})
+            points.append(
+                {
+                    "tau": t,
+                    "accuracy_by_length": g["accuracy_by_length"],
+                    "kept_by_length": [sum(row) / len(row) for row in g["kept_fraction"]],
+                }
+            )
         return {"points": points}
     if kind == "evict":
         from fpa.cache import SlidingWindow
@@ -114,7 +130,8 @@ def eval_stage(kind: str, p_dict: dict, model_dir: str, data_dir: str, attention
         start = int(0.5 * len(val))  # the reporting half
         if len(val) - start < n:
             raise ValueError(f"the reporting half of the val split has {len(val) - start} tokens, fewer than {n}")
-        ids = torch.from_numpy(val[start:start + n].astype("int64"))[None]
-        return kept_keys_growth(model, ids, lambda: (FPACache(r := _rule(attention, tau)), r), p.growth_lengths,
-                                p.chunk_size)
+        ids = torch.from_numpy(val[start : start + n].astype("int64"))[None]
+        return kept_keys_growth(
+            model, ids, lambda: (FPACache(r := _rule(attention, tau)), r), p.growth_lengths, p.chunk_size
+        )
     raise ValueError(f"kind must be loss, passkey, validation, sweep, evict or growth, got {kind!r}")

@@ -26,8 +26,9 @@ class Stages:
     runs the stages without recording them. ``stamp`` (e.g. the code's commit) is recorded with
     every stage this runner finishes, in ``state["stamps"][name]``."""
 
-    def __init__(self, out_dir: str | Path, log: Callable[[str], None] = print, write: bool = True,
-                 stamp: dict | None = None):
+    def __init__(
+        self, out_dir: str | Path, log: Callable[[str], None] = print, write: bool = True, stamp: dict | None = None
+    ):
         self.dir, self.write = Path(out_dir), write
         self.state_path = self.dir / "state.json"
         self.log = log

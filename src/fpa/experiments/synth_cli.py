@@ -16,10 +16,15 @@ import argparse
 
 ALL_METHODS = "fpa_free,fpa_walk,fox,softmax_alibi,softmax_rope,softmax_nope"
 PRESETS = {
-    "quick": dict(task="stack,scope,calls", methods=ALL_METHODS, dims="1,8", ms="4", seeds="0,1,2",
-                  construct_n=1000),
-    "full": dict(task="stack,scope,calls", methods=ALL_METHODS, dims="1,2,4,8,16,32", ms="1,2,4,8,16,32",
-                 seeds="0,1,2,3,4", construct_n=1000),
+    "quick": dict(task="stack,scope,calls", methods=ALL_METHODS, dims="1,8", ms="4", seeds="0,1,2", construct_n=1000),
+    "full": dict(
+        task="stack,scope,calls",
+        methods=ALL_METHODS,
+        dims="1,2,4,8,16,32",
+        ms="1,2,4,8,16,32",
+        seeds="0,1,2,3,4",
+        construct_n=1000,
+    ),
 }
 
 DEFAULTS = dict(methods=ALL_METHODS, construct_n=0)  # without --preset
@@ -93,8 +98,9 @@ def _resolve(args: argparse.Namespace) -> dict:
         val = getattr(args, key)
         if val is None:
             if key not in base:
-                raise ValueError(f"--{key.replace('_', '-')} is required without --preset "
-                                 f"(or give --preset quick|full)")
+                raise ValueError(
+                    f"--{key.replace('_', '-')} is required without --preset (or give --preset quick|full)"
+                )
             val = base[key]
         out[key] = val
     return out
@@ -161,20 +167,41 @@ def _run(args, o, tasks, methods, dims, ms, seeds, recipe, out) -> int:
 
     cfg = TrainConfig(**recipe)
     fkw = o["fpa_kwargs"]  # FPAConfig names; run_grid takes the layer's
-    records = run_grid(tasks, methods, dims, ms, seeds, cfg, progress=not args.no_progress,
-                       fpa_kwargs=None if fkw is None else config_layer_kwargs(fkw))
-    meta = dict(tasks=tasks, methods=methods, dims=dims, ms=ms, seeds=seeds, preset=args.preset, recipe=args.recipe,
-                config=dataclasses.asdict(cfg),
-                fpa_kwargs=fkw,
-                fpa_parametrisation={m: fpa_parametrisation(m, fkw) for m in methods if m.startswith("fpa")})
+    records = run_grid(
+        tasks,
+        methods,
+        dims,
+        ms,
+        seeds,
+        cfg,
+        progress=not args.no_progress,
+        fpa_kwargs=None if fkw is None else config_layer_kwargs(fkw),
+    )
+    meta = dict(
+        tasks=tasks,
+        methods=methods,
+        dims=dims,
+        ms=ms,
+        seeds=seeds,
+        preset=args.preset,
+        recipe=args.recipe,
+        config=dataclasses.asdict(cfg),
+        fpa_kwargs=fkw,
+        fpa_parametrisation={m: fpa_parametrisation(m, fkw) for m in methods if m.startswith("fpa")},
+    )
     files = write_all(records, out, meta)
     if int(o["construct_n"]) > 0:
         checks = [constructive_check(t, n=int(o["construct_n"])) for t in tasks]
         atomic_write_bytes(out / "constructive.json", json.dumps(checks, indent=1).encode())
-        lines = ["# Constructive check (P4): explicit FPA walk head, head dim 1, no training", "",
-                 f"{checks[0]['n']} random instances per (m, length) cell; m in "
-                 f"{sorted({c['m'] for c in checks[0]['cells']})}, lengths 1x and 4x.", "",
-                 "| task | min target mass | accuracy |", "|---|---|---|"]
+        lines = [
+            "# Constructive check (P4): explicit FPA walk head, head dim 1, no training",
+            "",
+            f"{checks[0]['n']} random instances per (m, length) cell; m in "
+            f"{sorted({c['m'] for c in checks[0]['cells']})}, lengths 1x and 4x.",
+            "",
+            "| task | min target mass | accuracy |",
+            "|---|---|---|",
+        ]
         lines += [f"| {c['task']} | {c['min_target_mass']:.6f} | {c['accuracy']:.4f} |" for c in checks]
         atomic_write_bytes(out / "constructive.md", ("\n".join(lines) + "\n").encode())
         files += [out / "constructive.json", out / "constructive.md"]
@@ -193,8 +220,10 @@ def _merge(args: argparse.Namespace) -> int:
     dirs = [Path(d.strip()) for d in args.merge.split(",") if d.strip()]
     missing = [str(d) for d in dirs if results_path(d) is None]
     if not dirs or missing:
-        raise ValueError(f"--merge must list run folders that hold results.json.gz (or results.json); "
-                         f"missing: {missing or args.merge!r}")
+        raise ValueError(
+            f"--merge must list run folders that hold results.json.gz (or results.json); "
+            f"missing: {missing or args.merge!r}"
+        )
     writable_dir(args.out, "--out")
     runs = [read_results(d) for d in dirs]
     records = [r for run in runs for r in run["records"]]
@@ -203,8 +232,10 @@ def _merge(args: argparse.Namespace) -> int:
         raise ValueError("--merge: the folders hold the same (task, method, d, m, seed) run twice")
     Path(args.out).mkdir(parents=True, exist_ok=True)
     cwd = Path.cwd().resolve()  # record folders under the working directory relative to it
-    meta = dict(merged_from=[str(d.resolve().relative_to(cwd)) if d.resolve().is_relative_to(cwd) else str(d)
-                             for d in dirs], parts=[run["meta"] for run in runs])
+    meta = dict(
+        merged_from=[str(d.resolve().relative_to(cwd)) if d.resolve().is_relative_to(cwd) else str(d) for d in dirs],
+        parts=[run["meta"] for run in runs],
+    )
     files = write_all(records, Path(args.out), meta)
     print(f"merged {len(records)} runs from {len(dirs)} folders; wrote " + ", ".join(str(f) for f in files))
     return 0
@@ -217,23 +248,34 @@ def add_parser(sub) -> None:
     p.add_argument("--dims", help="comma-separated head dimensions d >= 1")
     p.add_argument("--ms", help="comma-separated numbers of live target keys / depths m >= 1")
     p.add_argument("--seeds", help="integer seeds >= 0: a comma list and/or ranges, e.g. 0-4 or 10-14,20")
-    p.add_argument("--recipe", default="curriculum", choices=("curriculum", "dense", "legacy"),
-                   help="training recipe, the same for every method: curriculum (default: loss at every "
-                        "position with a defined answer, 2400 x 16, every 4th batch at 2x the training length, "
-                        "lr 3e-2, warm-up + cosine, per-model clip 1), dense (the same at 1600 steps, every "
-                        "batch at 1x) or legacy (final-query loss, 400 x 32, constant lr 1e-2)")
+    p.add_argument(
+        "--recipe",
+        default="curriculum",
+        choices=("curriculum", "dense", "legacy"),
+        help="training recipe, the same for every method: curriculum (default: loss at every "
+        "position with a defined answer, 2400 x 16, every 4th batch at 2x the training length, "
+        "lr 3e-2, warm-up + cosine, per-model clip 1), dense (the same at 1600 steps, every "
+        "batch at 1x) or legacy (final-query loss, 400 x 32, constant lr 1e-2)",
+    )
     p.add_argument("--steps", type=int, help="training steps per run (default: the recipe's)")
     p.add_argument("--batch", type=int, help="sequences per step and seed (default: the recipe's)")
     p.add_argument("--lr", type=float, help="peak Adam learning rate (default: the recipe's)")
-    p.add_argument("--construct-n", dest="construct_n", type=int,
-                   help="instances per cell of the constructive check, >= 0 (0: skip)")
+    p.add_argument(
+        "--construct-n",
+        dest="construct_n",
+        type=int,
+        help="instances per cell of the constructive check, >= 0 (0: skip)",
+    )
     p.add_argument("--preset", choices=tuple(PRESETS), help="defaults for every option not given")
     p.add_argument("--threads", type=int, default=1, help="torch threads (>= 1)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--fpa-kwargs", help="JSON object of FPA arguments under their FPAConfig names for the FPA "
-                   "methods (parametrisation variants), e.g. '{\"fpa_level_offset_init\": 2.0}' or "
-                   "'{\"fpa_level_offset\": \"none\"}' (docs/fpa.md, \"Parametrisation and its versions\"); "
-                   "recorded in results.json.gz")
+    p.add_argument(
+        "--fpa-kwargs",
+        help="JSON object of FPA arguments under their FPAConfig names for the FPA "
+        "methods (parametrisation variants), e.g. '{\"fpa_level_offset_init\": 2.0}' or "
+        '\'{"fpa_level_offset": "none"}\' (docs/fpa.md, "Parametrisation and its versions"); '
+        "recorded in results.json.gz",
+    )
     p.add_argument("--merge", help="comma list of run folders: write their records together to --out, no training")
     p.add_argument("--out", required=True, help="output folder (removed again if this run made it and fails)")
     p.set_defaults(func=_synth)

@@ -23,11 +23,17 @@ def config_rows(specs: list[dict], validation: dict[str, list[dict]]) -> list[di
         vals = validation[s["name"]]
         by_seed = [v["passkey"]["accuracy_by_length"] for v in vals]
         by_len = np.mean(by_seed, 0)
-        rows.append({**s, "seeds": [v["seed"] for v in vals],
-                     "val_loss": float(np.mean([v["loss"]["loss"] for v in vals])),
-                     "val_loss_by_seed": [v["loss"]["loss"] for v in vals],
-                     "val_passkey_by_length": by_len.tolist(), "val_passkey_by_seed": by_seed,
-                     "score": float(by_len.mean())})
+        rows.append(
+            {
+                **s,
+                "seeds": [v["seed"] for v in vals],
+                "val_loss": float(np.mean([v["loss"]["loss"] for v in vals])),
+                "val_loss_by_seed": [v["loss"]["loss"] for v in vals],
+                "val_passkey_by_length": by_len.tolist(),
+                "val_passkey_by_seed": by_seed,
+                "score": float(by_len.mean()),
+            }
+        )
     return rows
 
 
@@ -51,5 +57,10 @@ def select_tau(full_by_length: list[float], sweeps: list[dict], tolerance: float
     pts = sorted(sweeps, key=lambda s: s["tau"])
     ok = [s for s in pts if np.mean(s["accuracy_by_length"]) >= full - tolerance]
     pick = ok[0] if ok else pts[-1]
-    return {"tau": pick["tau"], "accuracy": float(np.mean(pick["accuracy_by_length"])), "full_accuracy": full,
-            "kept": float(np.mean(pick["kept_by_length"])), "within": bool(ok)}
+    return {
+        "tau": pick["tau"],
+        "accuracy": float(np.mean(pick["accuracy_by_length"])),
+        "full_accuracy": full,
+        "kept": float(np.mean(pick["kept_by_length"])),
+        "within": bool(ok),
+    }

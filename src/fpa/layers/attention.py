@@ -33,9 +33,26 @@ from fpa.ops.cached.paged import alibi_past_bias
 from fpa.ops.cached.state import LayerInfo, LayerState
 from fpa.ops.cached.weights import attention_weights, causal_block_mask
 
-__all__ = ["ATTENTION_TYPES", "BETA_ACTIVATIONS", "FPA_CONFIG_FIELDS", "FPA_MODES", "LEVEL_OFFSETS", "WALK_INCREMENTS",
-           "AttentionBase", "FirstPassageAttention", "ForgettingAttention", "RMSNorm", "SoftmaxAttention", "SwiGLU",
-           "TransformerBlock", "alibi_slopes", "config_layer_kwargs", "layer_state", "make_attention", "rope"]
+__all__ = [
+    "ATTENTION_TYPES",
+    "BETA_ACTIVATIONS",
+    "FPA_CONFIG_FIELDS",
+    "FPA_MODES",
+    "LEVEL_OFFSETS",
+    "WALK_INCREMENTS",
+    "AttentionBase",
+    "FirstPassageAttention",
+    "ForgettingAttention",
+    "RMSNorm",
+    "SoftmaxAttention",
+    "SwiGLU",
+    "TransformerBlock",
+    "alibi_slopes",
+    "config_layer_kwargs",
+    "layer_state",
+    "make_attention",
+    "rope",
+]
 
 ATTENTION_TYPES = ("fpa", "fox", "softmax_rope", "softmax_alibi", "softmax_nope")
 
@@ -47,17 +64,28 @@ class ForgettingAttention(AttentionBase):
     forgetting). Decoding uses FPA's cache form with field = level = cumsum(log f), beta = 1 (P2).
     """
 
-    def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int | None = None,
-                 qk_norm: bool = False, output_gate: bool = False, head_dim: int | None = None,
-                 fgate_bias_init: float = 5.0):
+    def __init__(
+        self,
+        hidden_size: int,
+        num_heads: int,
+        num_kv_heads: int | None = None,
+        qk_norm: bool = False,
+        output_gate: bool = False,
+        head_dim: int | None = None,
+        fgate_bias_init: float = 5.0,
+    ):
         super().__init__(hidden_size, num_heads, num_kv_heads, head_dim, qk_norm, output_gate)
         self.fgate_proj = nn.Linear(hidden_size, num_heads)
         nn.init.normal_(self.fgate_proj.weight, std=0.02)
         nn.init.constant_(self.fgate_proj.bias, fgate_bias_init)
 
     def cache_info(self) -> LayerInfo:
-        return LayerInfo(kind="fox", groups=self.num_heads // self.num_kv_heads,
-                         beta=torch.ones(self.num_heads), content_bound=self.content_bound())
+        return LayerInfo(
+            kind="fox",
+            groups=self.num_heads // self.num_kv_heads,
+            beta=torch.ones(self.num_heads),
+            content_bound=self.content_bound(),
+        )
 
     def _attend(self, q, k, v, x, state, offset, mask=None, pos=None, need_weights=False):
         log_f = F.logsigmoid(self._per_head(self.fgate_proj, x))
@@ -85,14 +113,17 @@ def rope(x: Tensor, pos: Tensor, theta: float) -> Tensor:
     """
     d = x.shape[-1]
     h = d // 2
-    inv = (1.0 / (theta ** (torch.arange(h, device=x.device, dtype=torch.float32) * 2 / (2 * h))) if h
-           else x.new_zeros(0).float())
+    inv = (
+        1.0 / (theta ** (torch.arange(h, device=x.device, dtype=torch.float32) * 2 / (2 * h)))
+        if h
+        else x.new_zeros(0).float()
+    )
     ang = pos.float()[..., None] * inv  # (T, d // 2) or (B, T, d // 2)
     cos, sin = ang.cos(), ang.sin()
     if pos.dim() == 2:
         cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, d // 2)
     xf = x.float()
-    x1, x2, rest = xf[..., :h], xf[..., h:2 * h], xf[..., 2 * h:]
+    x1, x2, rest = xf[..., :h], xf[..., h : 2 * h], xf[..., 2 * h :]
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos, rest], -1).to(x.dtype)
 
 
@@ -100,6 +131,7 @@ def alibi_slopes(n: int) -> Tensor:
     def pow2(n):
         start = 2 ** (-(2 ** -(math.log2(n) - 3)))
         return [start * start**i for i in range(n)]
+
     if math.log2(n).is_integer():
         s = pow2(n)
     else:
@@ -111,9 +143,17 @@ def alibi_slopes(n: int) -> Tensor:
 class SoftmaxAttention(AttentionBase):
     """Causal softmax attention (torch SDPA) with position "rope", "alibi" or "nope"."""
 
-    def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int | None = None,
-                 position: str = "rope", qk_norm: bool = False, output_gate: bool = False,
-                 head_dim: int | None = None, rope_theta: float = 10000.0):
+    def __init__(
+        self,
+        hidden_size: int,
+        num_heads: int,
+        num_kv_heads: int | None = None,
+        position: str = "rope",
+        qk_norm: bool = False,
+        output_gate: bool = False,
+        head_dim: int | None = None,
+        rope_theta: float = 10000.0,
+    ):
         super().__init__(hidden_size, num_heads, num_kv_heads, head_dim, qk_norm, output_gate)
         if position not in ("rope", "alibi", "nope"):
             raise ValueError(f"position must be rope, alibi or nope, got {position!r}")
@@ -163,7 +203,7 @@ class SoftmaxAttention(AttentionBase):
         if valid is not None:
             allowed = allowed & valid[..., None, :]
         own = torch.zeros(T, Tk, dtype=torch.bool, device=rel.device)
-        own[:, Tk - T:] = torch.eye(T, dtype=torch.bool, device=rel.device)
+        own[:, Tk - T :] = torch.eye(T, dtype=torch.bool, device=rel.device)
         allowed = allowed | own
         shape = torch.broadcast_shapes(rel.shape, allowed.shape)
         mask = torch.zeros(shape, device=rel.device, dtype=dtype).masked_fill(~allowed, float("-inf"))
@@ -172,8 +212,16 @@ class SoftmaxAttention(AttentionBase):
         return mask
 
 
-def make_attention(attention: str, hidden_size: int, num_heads: int, num_kv_heads: int | None = None,
-                   fpa_mode: str = "free", qk_norm: bool = False, output_gate: bool = False, **kw) -> AttentionBase:
+def make_attention(
+    attention: str,
+    hidden_size: int,
+    num_heads: int,
+    num_kv_heads: int | None = None,
+    fpa_mode: str = "free",
+    qk_norm: bool = False,
+    output_gate: bool = False,
+    **kw,
+) -> AttentionBase:
     """One switch over the attention family: ``attention`` in ATTENTION_TYPES."""
     common = dict(qk_norm=qk_norm, output_gate=output_gate)
     if attention == "fpa":
@@ -181,28 +229,42 @@ def make_attention(attention: str, hidden_size: int, num_heads: int, num_kv_head
     if attention == "fox":
         return ForgettingAttention(hidden_size, num_heads, num_kv_heads, **common, **kw)
     if attention.startswith("softmax_") and attention in ATTENTION_TYPES:
-        return SoftmaxAttention(hidden_size, num_heads, num_kv_heads, position=attention[len("softmax_"):],
-                                **common, **kw)
+        return SoftmaxAttention(
+            hidden_size, num_heads, num_kv_heads, position=attention[len("softmax_") :], **common, **kw
+        )
     raise ValueError(f"attention must be one of {ATTENTION_TYPES}, got {attention!r}")
 
 
 class TransformerBlock(nn.Module):
     """Pre-norm block: x + attn(norm(x)), then x + SwiGLU(norm(x))."""
 
-    def __init__(self, hidden_size: int, intermediate_size: int, attention: str = "fpa",
-                 num_heads: int = 4, num_kv_heads: int | None = None, eps: float = 1e-6, **attn_kw):
+    def __init__(
+        self,
+        hidden_size: int,
+        intermediate_size: int,
+        attention: str = "fpa",
+        num_heads: int = 4,
+        num_kv_heads: int | None = None,
+        eps: float = 1e-6,
+        **attn_kw,
+    ):
         super().__init__()
         self.attn_norm = RMSNorm(hidden_size, eps)
         self.attn = make_attention(attention, hidden_size, num_heads, num_kv_heads, **attn_kw)
         self.mlp_norm = RMSNorm(hidden_size, eps)
         self.mlp = SwiGLU(hidden_size, intermediate_size)
 
-    def forward(self, x: Tensor, state: LayerState | dict | None = None, attention_mask: Tensor | None = None,
-                position_ids: Tensor | None = None, output_attentions: bool = False):
+    def forward(
+        self,
+        x: Tensor,
+        state: LayerState | dict | None = None,
+        attention_mask: Tensor | None = None,
+        position_ids: Tensor | None = None,
+        output_attentions: bool = False,
+    ):
         """x (B, T, hidden) -> (B, T, hidden), or (that, attention weights) with output_attentions."""
         a = self.attn(self.attn_norm(x), state, attention_mask, position_ids, output_attentions)
         a, w = a if output_attentions else (a, None)
         x = x + a
         x = x + self.mlp(self.mlp_norm(x))
         return (x, w) if output_attentions else x
-

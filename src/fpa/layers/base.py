@@ -45,8 +45,10 @@ def layer_state(state: LayerState | dict | None) -> LayerState | None:
         return state
     if isinstance(state, dict):
         return state.setdefault("layer", LayerState())
-    raise ValueError(f"state must be a fpa.cache.LayerCache (a fpa.ops.cached.LayerState), a dict or None, "
-                     f"got {type(state).__name__}")
+    raise ValueError(
+        f"state must be a fpa.cache.LayerCache (a fpa.ops.cached.LayerState), a dict or None, "
+        f"got {type(state).__name__}"
+    )
 
 
 class AttentionBase(nn.Module):
@@ -61,9 +63,16 @@ class AttentionBase(nn.Module):
     length.
     """
 
-    def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int | None = None,
-                 head_dim: int | None = None, qk_norm: bool = False, output_gate: bool = False,
-                 bias: bool = False):
+    def __init__(
+        self,
+        hidden_size: int,
+        num_heads: int,
+        num_kv_heads: int | None = None,
+        head_dim: int | None = None,
+        qk_norm: bool = False,
+        output_gate: bool = False,
+        bias: bool = False,
+    ):
         super().__init__()
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         if hidden_size <= 0 or num_heads <= 0 or num_kv_heads <= 0:
@@ -94,7 +103,7 @@ class AttentionBase(nn.Module):
 
     @property
     def scale(self) -> float:
-        return self.head_dim ** -0.5
+        return self.head_dim**-0.5
 
     def content_bound(self) -> float | None:
         """c with |scale <q, k>| <= c for every query/key, or None without qk-norm.
@@ -108,11 +117,16 @@ class AttentionBase(nn.Module):
         return float(self.scale * self.head_dim * wq * wk)
 
     def cache_info(self) -> LayerInfo:
-        return LayerInfo(kind="softmax", groups=self.num_heads // self.num_kv_heads,
-                         content_bound=self.content_bound())
+        return LayerInfo(kind="softmax", groups=self.num_heads // self.num_kv_heads, content_bound=self.content_bound())
 
-    def forward(self, x: Tensor, state: LayerState | dict | None = None, attention_mask: Tensor | None = None,
-                position_ids: Tensor | None = None, output_attentions: bool = False):
+    def forward(
+        self,
+        x: Tensor,
+        state: LayerState | dict | None = None,
+        attention_mask: Tensor | None = None,
+        position_ids: Tensor | None = None,
+        output_attentions: bool = False,
+    ):
         """x (B, T, hidden) -> (B, T, hidden), or (that, weights (B, Hq, T, Tk)) with output_attentions.
 
         attention_mask (B, T), for the T new tokens: 0/False marks padding, which is no key, moves
@@ -130,8 +144,9 @@ class AttentionBase(nn.Module):
             state.configure(self.cache_info())
         offset = 0 if state is None else state.length
         mask = None if attention_mask is None else attention_mask.to(device=x.device, dtype=torch.bool)
-        o, w = self._attend(q, k, v, x, state, offset, mask=mask, pos=position_ids,
-                            need_weights=output_attentions)  # (B, Hq, T, D)
+        o, w = self._attend(
+            q, k, v, x, state, offset, mask=mask, pos=position_ids, need_weights=output_attentions
+        )  # (B, Hq, T, D)
         o = o.transpose(1, 2).reshape(B, T, self.num_heads * self.head_dim)
         if self.gate_proj is not None:
             o = o * torch.sigmoid(self.gate_proj(x))
@@ -139,4 +154,3 @@ class AttentionBase(nn.Module):
 
     def _attend(self, q, k, v, x, state, offset, mask=None, pos=None, need_weights=False):  # pragma: no cover
         raise NotImplementedError
-

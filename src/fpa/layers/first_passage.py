@@ -29,8 +29,16 @@ LEVEL_OFFSETS = ("none", "head", "token")  # the values FPAConfig.fpa_level_offs
 
 # The FPAConfig fields that set FirstPassageAttention arguments: each sets the argument of the same
 # name without "fpa_" (fpa_mode is make_attention's own argument, the layer's ``mode``).
-FPA_CONFIG_FIELDS = ("fpa_level_offset", "fpa_level_offset_init", "fpa_level_offset_bias_init", "fpa_beta_init",
-                     "fpa_beta_activation", "fpa_walk_increment", "fpa_walk_bias_init", "fpa_field_lr_multiplier")
+FPA_CONFIG_FIELDS = (
+    "fpa_level_offset",
+    "fpa_level_offset_init",
+    "fpa_level_offset_bias_init",
+    "fpa_beta_init",
+    "fpa_beta_activation",
+    "fpa_walk_increment",
+    "fpa_walk_bias_init",
+    "fpa_field_lr_multiplier",
+)
 
 
 def config_layer_kwargs(fpa_kwargs: dict) -> dict:
@@ -39,11 +47,17 @@ def config_layer_kwargs(fpa_kwargs: dict) -> dict:
     (``{"level_offset": "none"}``). ValueError naming any other key (and the valid ones)."""
     unknown = sorted(set(fpa_kwargs) - set(FPA_CONFIG_FIELDS))
     if unknown:
-        hints = [f"{k!r} (did you mean {m[0]!r}?)" for k in unknown
-                 if (m := difflib.get_close_matches(str(k), FPA_CONFIG_FIELDS, 1, 0.6))]
-        raise ValueError(f"unknown FPA arguments {unknown}" + (f"; {', '.join(hints)}" if hints else "")
-                         + f"; valid: {list(FPA_CONFIG_FIELDS)}")
-    return {k[len("fpa_"):]: v for k, v in fpa_kwargs.items()}
+        hints = [
+            f"{k!r} (did you mean {m[0]!r}?)"
+            for k in unknown
+            if (m := difflib.get_close_matches(str(k), FPA_CONFIG_FIELDS, 1, 0.6))
+        ]
+        raise ValueError(
+            f"unknown FPA arguments {unknown}"
+            + (f"; {', '.join(hints)}" if hints else "")
+            + f"; valid: {list(FPA_CONFIG_FIELDS)}"
+        )
+    return {k[len("fpa_") :]: v for k, v in fpa_kwargs.items()}
 
 
 def check_level_offset(level_offset: str, mode: str) -> str | None:
@@ -52,16 +66,20 @@ def check_level_offset(level_offset: str, mode: str) -> str | None:
     ValueError for any other value (a bool included: use "none" or "head"), or for an offset
     outside walk mode."""
     if isinstance(level_offset, bool):
-        raise ValueError(f"level_offset must be 'auto' or one of {LEVEL_OFFSETS}, got {level_offset!r}: "
-                         f"use 'none' (was False) or 'head' (was True)")
+        raise ValueError(
+            f"level_offset must be 'auto' or one of {LEVEL_OFFSETS}, got {level_offset!r}: "
+            f"use 'none' (was False) or 'head' (was True)"
+        )
     if level_offset == "auto":
         return "head" if mode == "walk" else None
     if not isinstance(level_offset, str) or level_offset not in LEVEL_OFFSETS:
         raise ValueError(f"level_offset must be 'auto' or one of {LEVEL_OFFSETS}, got {level_offset!r}")
     kind = None if level_offset == "none" else level_offset
     if kind is not None and mode != "walk":
-        raise ValueError(f"level_offset={level_offset!r} needs mode='walk' (it offsets the walk's level), "
-                         f"got mode={mode!r}; mode='free' has its own level head")
+        raise ValueError(
+            f"level_offset={level_offset!r} needs mode='walk' (it offsets the walk's level), "
+            f"got mode={mode!r}; mode='free' has its own level head"
+        )
     return kind
 
 
@@ -113,12 +131,26 @@ class FirstPassageAttention(AttentionBase):
     parametrisation versions are in docs/fpa.md, "Parametrisation and its versions".
     """
 
-    def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int | None = None,
-                 mode: str = "walk", qk_norm: bool = False, output_gate: bool = False,
-                 head_dim: int | None = None, level_offset: str = "auto", beta_init: float = 0.0,
-                 field_init_std: float = 0.02, field_lr_multiplier: float = 1.0, backend: str = "auto",
-                 walk_increment: str = "tanh", walk_bias_init: float = 0.0, beta_activation: str = "exp",
-                 level_offset_bias_init: float = -4.0, level_offset_init: float = 1.0):
+    def __init__(
+        self,
+        hidden_size: int,
+        num_heads: int,
+        num_kv_heads: int | None = None,
+        mode: str = "walk",
+        qk_norm: bool = False,
+        output_gate: bool = False,
+        head_dim: int | None = None,
+        level_offset: str = "auto",
+        beta_init: float = 0.0,
+        field_init_std: float = 0.02,
+        field_lr_multiplier: float = 1.0,
+        backend: str = "auto",
+        walk_increment: str = "tanh",
+        walk_bias_init: float = 0.0,
+        beta_activation: str = "exp",
+        level_offset_bias_init: float = -4.0,
+        level_offset_init: float = 1.0,
+    ):
         super().__init__(hidden_size, num_heads, num_kv_heads, head_dim, qk_norm, output_gate)
         if mode not in FPA_MODES:
             raise ValueError(f"mode must be one of {FPA_MODES}, got {mode!r}")
@@ -132,8 +164,11 @@ class FirstPassageAttention(AttentionBase):
         for name, val in (("level_offset_bias_init", level_offset_bias_init), ("level_offset_init", level_offset_init)):
             if isinstance(val, bool) or not isinstance(val, (int, float)) or not math.isfinite(val):
                 raise ValueError(f"{name} must be a finite number, got {val!r}")
-        if not isinstance(field_lr_multiplier, (int, float)) or isinstance(field_lr_multiplier, bool) \
-                or not 0 < field_lr_multiplier <= 1e3:
+        if (
+            not isinstance(field_lr_multiplier, (int, float))
+            or isinstance(field_lr_multiplier, bool)
+            or not 0 < field_lr_multiplier <= 1e3
+        ):
             raise ValueError(f"field_lr_multiplier must be a number in (0, 1000], got {field_lr_multiplier!r}")
         self.mode, self.backend = mode, backend
         self.field_lr_multiplier = float(field_lr_multiplier)
@@ -152,8 +187,11 @@ class FirstPassageAttention(AttentionBase):
             nn.init.zeros_(lin.bias)
         if mode == "walk":
             nn.init.constant_(self.increment_proj.bias, float(walk_bias_init))
-        self.level_offset = (nn.Parameter(torch.full((num_heads,), float(level_offset_init)))
-                             if self.level_offset_kind == "head" else None)
+        self.level_offset = (
+            nn.Parameter(torch.full((num_heads,), float(level_offset_init)))
+            if self.level_offset_kind == "head"
+            else None
+        )
         self.level_offset_proj = None
         if self.level_offset_kind == "token":
             self.level_offset_proj = nn.Linear(hidden_size, num_heads)
@@ -173,8 +211,12 @@ class FirstPassageAttention(AttentionBase):
         fpa.cache.FPAEviction(threshold, within_chunks=True) does when decoding, so the model learns
         under the eviction it will be served with (fpa_form.evicting_attention; dense, O(T^2)
         memory). None turns it off. With a cache, the cache's policy decides."""
-        if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, (int, float))
-                                      or not math.isfinite(threshold) or threshold < 0):
+        if threshold is not None and (
+            isinstance(threshold, bool)
+            or not isinstance(threshold, (int, float))
+            or not math.isfinite(threshold)
+            or threshold < 0
+        ):
             raise ValueError(f"threshold must be a finite number >= 0 or None, got {threshold!r}")
         self.training_eviction_threshold = None if threshold is None else float(threshold)
 
@@ -202,11 +244,17 @@ class FirstPassageAttention(AttentionBase):
         return [p for lin in heads for p in lin.parameters()] + extra
 
     def cache_info(self) -> LayerInfo:
-        return LayerInfo(kind="fpa", groups=self.num_heads // self.num_kv_heads, beta=self.beta.detach(),
-                         content_bound=self.content_bound(), mode=self.mode)
+        return LayerInfo(
+            kind="fpa",
+            groups=self.num_heads // self.num_kv_heads,
+            beta=self.beta.detach(),
+            content_bound=self.content_bound(),
+            mode=self.mode,
+        )
 
-    def field_level(self, x: Tensor, state: LayerState | None = None,
-                    mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def field_level(
+        self, x: Tensor, state: LayerState | None = None, mask: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
         """(field, level) (B, H, T) float32 for new tokens x (B, T, hidden); in walk mode continues
         the cached walk, and level = field + the level offset. The cache stores each key's level as
         computed here (LayerState.append, fpa.ops.cached.state), so decoding and eviction use the same levels.
@@ -238,11 +286,13 @@ class FirstPassageAttention(AttentionBase):
     def _attend(self, q, k, v, x, state, offset, mask=None, pos=None, need_weights=False):
         field, level = self.field_level(x, state, mask)
         if state is None and self.training_eviction_threshold is not None:
-            bias = evicting_bias(field, level, self.beta, self.training_eviction_threshold,
-                                 self.num_heads // self.num_kv_heads)
+            bias = evicting_bias(
+                field, level, self.beta, self.training_eviction_threshold, self.num_heads // self.num_kv_heads
+            )
             return evicting_attention(q, k, v, bias, self.scale, need_weights)
         if state is None:
-            o = first_passage_attention(q, k, v, field, level, beta=self.beta, backend=self.backend,
-                                        check_inputs=False)  # built here: no value checks, no host sync
+            o = first_passage_attention(
+                q, k, v, field, level, beta=self.beta, backend=self.backend, check_inputs=False
+            )  # built here: no value checks, no host sync
             return o, (dense_weights(q, k, field, level, self.beta) if need_weights else None)
         return fpa_cached(q, k, v, field, level, self.beta, state, self.backend, mask, pos, need_weights)

@@ -43,7 +43,8 @@ def evicting_bias(field: Tensor, level: Tensor, beta: Tensor, threshold: float, 
     T = field.shape[-1]
     dip = torch.relu(level.to(dt)[..., None, :] - range_min(field.to(dt)))  # (B, H, T, T)
     bias = (-beta.to(dt)[None, :, None, None] * dip).masked_fill(
-        torch.ones(T, T, dtype=torch.bool, device=field.device).triu(1), float("-inf"))
+        torch.ones(T, T, dtype=torch.bool, device=field.device).triu(1), float("-inf")
+    )
     gone = torch.isfinite(bias) & (bias < -threshold)  # (i, j): evicted after query i
     if groups > 1:
         B, H = gone.shape[:2]
@@ -53,8 +54,9 @@ def evicting_bias(field: Tensor, level: Tensor, beta: Tensor, threshold: float, 
     return bias.masked_fill(before, float("-inf"))
 
 
-def evicting_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float,
-                       need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+def evicting_attention(
+    q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float, need_weights: bool = False
+) -> tuple[Tensor, Tensor | None]:
     """Dense attention under ``evicting_bias``: q (B, Hq, T, D), k, v (B, Hkv, T, D), bias
     (B, Hq, T, T) -> ((B, Hq, T, D), weights (B, Hq, T, T) or None). O(T^2) memory."""
     out = causal_softmax_attention(q, k, v, bias, scale)
@@ -71,8 +73,7 @@ def continue_walk(increments: Tensor, state: LayerState | None) -> Tensor:
     return field
 
 
-def fpa_cached(q, k, v, field, level, beta, state: LayerState, backend="auto", mask=None, pos=None,
-                need_weights=False):
+def fpa_cached(q, k, v, field, level, beta, state: LayerState, backend="auto", mask=None, pos=None, need_weights=False):
     """Cache form of FPA: attend over the paged cache (level and pm_j = min of the field after key j
     up to before the new tokens, docs/fpa.md) and the new keys, then store the new keys. With a
     ``state.chunk_policy`` (a threshold rule with within_chunks=True) a key the rule evicts after
@@ -86,6 +87,15 @@ def fpa_cached(q, k, v, field, level, beta, state: LayerState, backend="auto", m
     else:  # the threshold rule inside the call, as token-by-token decoding under it would apply it
         bt = torch.as_tensor(b, dtype=torch.float32, device=field.device).reshape(-1).expand(field.shape[1])
         new_bias = evicting_bias(field, level, bt, tau, state.info.groups)
-    return state.attend(q, k, v, fpa_past_bias(state.store, field, b, tau), new_bias, need_weights,
-                        field=field, level=level, pos=pos, mask=mask)
-
+    return state.attend(
+        q,
+        k,
+        v,
+        fpa_past_bias(state.store, field, b, tau),
+        new_bias,
+        need_weights,
+        field=field,
+        level=level,
+        pos=pos,
+        mask=mask,
+    )

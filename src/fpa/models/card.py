@@ -9,43 +9,82 @@ from pathlib import Path
 from fpa.data.atomic import atomic_write_text
 
 CARD_FILE = "README.md"
-_CONFIG_FIELDS = ("attention", "fpa_mode", "fpa_parametrisation", "num_hidden_layers", "hidden_size",
-                  "num_attention_heads", "num_key_value_heads", "intermediate_size", "vocab_size", "qk_norm",
-                  "output_gate", "fpa_level_offset", "fpa_level_offset_bias_init", "fpa_level_offset_init",
-                  "fpa_walk_increment", "fpa_walk_bias_init", "fpa_beta_activation", "fpa_field_lr_multiplier",
-                  "tie_word_embeddings")
+_CONFIG_FIELDS = (
+    "attention",
+    "fpa_mode",
+    "fpa_parametrisation",
+    "num_hidden_layers",
+    "hidden_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "intermediate_size",
+    "vocab_size",
+    "qk_norm",
+    "output_gate",
+    "fpa_level_offset",
+    "fpa_level_offset_bias_init",
+    "fpa_level_offset_init",
+    "fpa_walk_increment",
+    "fpa_walk_bias_init",
+    "fpa_beta_activation",
+    "fpa_field_lr_multiplier",
+    "tie_word_embeddings",
+)
 
 
 def _fmt(v) -> str:
     return f"{v:.4f}" if isinstance(v, float) else str(v)
 
 
-def model_card(config, training: dict | None = None, passkey: dict | None = None,
-               n_parameters: int | None = None) -> str:
+def model_card(
+    config, training: dict | None = None, passkey: dict | None = None, n_parameters: int | None = None
+) -> str:
     """The card's Markdown. ``training``: e.g. fpa.train's summary (steps, train_tokens,
     data_dir, val_loss, final_train_loss) plus ``tokenizer``; ``passkey``: {label: accuracy in
     [0, 1]} (e.g. {"1x": 0.9, "8x": 0.4}) or None when not evaluated."""
     name = config.attention + (f" ({config.fpa_mode})" if config.attention == "fpa" else "")
-    lines = ["---", "library_name: fpa", "tags: [fpa, first-passage-attention, causal-lm]", "---", "",
-             f"# FPA language model: {name} attention", "",
-             "A decoder-only language model from the `fpa` library (First Passage Attention and its",
-             "baselines). Load it with `import fpa.models` then `transformers.AutoModelForCausalLM`:", "",
-             "```python", "import fpa.models  # registers the FPA model type with the Auto classes",
-             "from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline", "",
-             'model = AutoModelForCausalLM.from_pretrained("path/to/this/folder")',
-             'tokenizer = AutoTokenizer.from_pretrained("path/to/this/folder")',
-             'print(pipeline("text-generation", model=model, tokenizer=tokenizer)("def ", max_new_tokens=20))',
-             "```", "", "## Configuration", "", "| field | value |", "|---|---|"]
-    lines += [f"| {k} | {_fmt(getattr(config, k, None))} |" for k in _CONFIG_FIELDS
-              if config.attention == "fpa" or not k.startswith("fpa_")]
+    lines = [
+        "---",
+        "library_name: fpa",
+        "tags: [fpa, first-passage-attention, causal-lm]",
+        "---",
+        "",
+        f"# FPA language model: {name} attention",
+        "",
+        "A decoder-only language model from the `fpa` library (First Passage Attention and its",
+        "baselines). Load it with `import fpa.models` then `transformers.AutoModelForCausalLM`:",
+        "",
+        "```python",
+        "import fpa.models  # registers the FPA model type with the Auto classes",
+        "from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline",
+        "",
+        'model = AutoModelForCausalLM.from_pretrained("path/to/this/folder")',
+        'tokenizer = AutoTokenizer.from_pretrained("path/to/this/folder")',
+        'print(pipeline("text-generation", model=model, tokenizer=tokenizer)("def ", max_new_tokens=20))',
+        "```",
+        "",
+        "## Configuration",
+        "",
+        "| field | value |",
+        "|---|---|",
+    ]
+    lines += [
+        f"| {k} | {_fmt(getattr(config, k, None))} |"
+        for k in _CONFIG_FIELDS
+        if config.attention == "fpa" or not k.startswith("fpa_")
+    ]
     if n_parameters is not None:
         lines.append(f"| parameters | {n_parameters:,} |")
     lines += ["", "## Training", ""]
     if training:
-        rows = [("training data", training.get("data_dir")), ("tokenizer", training.get("tokenizer")),
-                ("steps", training.get("steps")), ("training tokens", training.get("train_tokens")),
-                ("final training loss", training.get("final_train_loss")),
-                ("held-out loss", training.get("val_loss"))]
+        rows = [
+            ("training data", training.get("data_dir")),
+            ("tokenizer", training.get("tokenizer")),
+            ("steps", training.get("steps")),
+            ("training tokens", training.get("train_tokens")),
+            ("final training loss", training.get("final_train_loss")),
+            ("held-out loss", training.get("val_loss")),
+        ]
         lines += ["| | |", "|---|---|"] + [f"| {k} | {_fmt(v)} |" for k, v in rows if v is not None]
     else:
         lines.append("Not recorded.")
@@ -58,8 +97,13 @@ def model_card(config, training: dict | None = None, passkey: dict | None = None
     return "\n".join(lines) + "\n"
 
 
-def write_model_card(folder: str | Path, config=None, training: dict | None = None, passkey: dict | None = None,
-                     n_parameters: int | None = None) -> Path:
+def write_model_card(
+    folder: str | Path,
+    config=None,
+    training: dict | None = None,
+    passkey: dict | None = None,
+    n_parameters: int | None = None,
+) -> Path:
     """Write ``folder/README.md`` (the config is read from ``folder/config.json`` if not given)."""
     folder = Path(folder)
     if config is None:

@@ -11,9 +11,11 @@ def _model_info(args: argparse.Namespace) -> int:
     cfg = FPAConfig.from_preset(args.preset, attention=args.attention, fpa_mode=args.fpa_mode)
     n = count_parameters(cfg)
     print(f"preset={args.preset} attention={cfg.attention} fpa_mode={cfg.fpa_mode}")
-    print(f"layers={cfg.num_hidden_layers} hidden={cfg.hidden_size} heads={cfg.num_attention_heads} "
-          f"kv_heads={cfg.num_key_value_heads} intermediate={cfg.intermediate_size} vocab={cfg.vocab_size} "
-          f"tied={cfg.tie_word_embeddings}")
+    print(
+        f"layers={cfg.num_hidden_layers} hidden={cfg.hidden_size} heads={cfg.num_attention_heads} "
+        f"kv_heads={cfg.num_key_value_heads} intermediate={cfg.intermediate_size} vocab={cfg.vocab_size} "
+        f"tied={cfg.tie_word_embeddings}"
+    )
     print(f"parameters={n} ({n / 1e6:.2f}M)")
     return 0
 
@@ -24,6 +26,10 @@ def add_parser(sub) -> None:
     mi = sub.add_parser("model-info", help="parameter count and layout of a preset")
     mi.add_argument("--preset", default="110m", choices=tuple(PRESETS), help="model size preset")
     mi.add_argument("--attention", default="fpa", choices=tuple(FIELDS["attention"][1]), help="attention type")
-    mi.add_argument("--fpa-mode", default="free", choices=tuple(FIELDS["fpa_mode"][1]),
-                    help="FPA field mode (free: field and level heads; walk: one learned walk)")
+    mi.add_argument(
+        "--fpa-mode",
+        default="free",
+        choices=tuple(FIELDS["fpa_mode"][1]),
+        help="FPA field mode (free: field and level heads; walk: one learned walk)",
+    )
     mi.set_defaults(func=_model_info)

@@ -26,21 +26,53 @@ from fpa.layers.attention import (
 # mode (and for the other attention types) it is "none" whatever the version.
 FPA_PARAMETRISATION_LEGACY_VERSION = 1
 FPA_PARAMETRISATION_CURRENT_VERSION = 2
-FPA_PARAMETRISATION_CURRENT = dict(fpa_walk_increment="tanh", fpa_walk_bias_init=0.0, fpa_beta_activation="exp",
-                                   fpa_field_lr_multiplier=1.0, fpa_level_offset="head", fpa_level_offset_init=1.0)
-FPA_PARAMETRISATION_LEGACY = dict(fpa_walk_increment="linear", fpa_walk_bias_init=0.0, fpa_beta_activation="softplus",
-                                  fpa_field_lr_multiplier=0.1, fpa_level_offset="none", fpa_level_offset_init=0.0)
-FPA_PARAMETRISATIONS = {FPA_PARAMETRISATION_LEGACY_VERSION: FPA_PARAMETRISATION_LEGACY,
-                        FPA_PARAMETRISATION_CURRENT_VERSION: FPA_PARAMETRISATION_CURRENT}
+FPA_PARAMETRISATION_CURRENT = dict(
+    fpa_walk_increment="tanh",
+    fpa_walk_bias_init=0.0,
+    fpa_beta_activation="exp",
+    fpa_field_lr_multiplier=1.0,
+    fpa_level_offset="head",
+    fpa_level_offset_init=1.0,
+)
+FPA_PARAMETRISATION_LEGACY = dict(
+    fpa_walk_increment="linear",
+    fpa_walk_bias_init=0.0,
+    fpa_beta_activation="softplus",
+    fpa_field_lr_multiplier=0.1,
+    fpa_level_offset="none",
+    fpa_level_offset_init=0.0,
+)
+FPA_PARAMETRISATIONS = {
+    FPA_PARAMETRISATION_LEGACY_VERSION: FPA_PARAMETRISATION_LEGACY,
+    FPA_PARAMETRISATION_CURRENT_VERSION: FPA_PARAMETRISATION_CURRENT,
+}
 
 PRESETS = {
     # tiny: vocab 257 = the byte tokenizer (256 bytes + eos), which every CPU recipe uses
-    "tiny": dict(vocab_size=257, hidden_size=128, num_hidden_layers=4, num_attention_heads=4,
-                 num_key_value_heads=4, intermediate_size=352),
-    "small": dict(vocab_size=32000, hidden_size=512, num_hidden_layers=8, num_attention_heads=8,
-                  num_key_value_heads=8, intermediate_size=1408),
-    "110m": dict(vocab_size=32000, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
-                 num_key_value_heads=12, intermediate_size=2048),
+    "tiny": dict(
+        vocab_size=257,
+        hidden_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        intermediate_size=352,
+    ),
+    "small": dict(
+        vocab_size=32000,
+        hidden_size=512,
+        num_hidden_layers=8,
+        num_attention_heads=8,
+        num_key_value_heads=8,
+        intermediate_size=1408,
+    ),
+    "110m": dict(
+        vocab_size=32000,
+        hidden_size=768,
+        num_hidden_layers=12,
+        num_attention_heads=12,
+        num_key_value_heads=12,
+        intermediate_size=2048,
+    ),
 }
 
 # Every FPAConfig field: (kind, rule). kind "int": a positive int; "bool"; "real": a finite number
@@ -48,18 +80,29 @@ PRESETS = {
 # not True). fpa_level_offset: "none", "head" or "token" ("head"/"token" need fpa_mode="walk");
 # fpa_parametrisation: the version whose defaults fill the fpa_* fields not given.
 FIELDS: dict[str, tuple[str, object]] = {
-    "vocab_size": ("int", None), "hidden_size": ("int", None), "num_hidden_layers": ("int", None),
-    "num_attention_heads": ("int", None), "num_key_value_heads": ("int", None), "intermediate_size": ("int", None),
-    "attention": ("choice", ATTENTION_TYPES), "fpa_mode": ("choice", FPA_MODES),
+    "vocab_size": ("int", None),
+    "hidden_size": ("int", None),
+    "num_hidden_layers": ("int", None),
+    "num_attention_heads": ("int", None),
+    "num_key_value_heads": ("int", None),
+    "intermediate_size": ("int", None),
+    "attention": ("choice", ATTENTION_TYPES),
+    "fpa_mode": ("choice", FPA_MODES),
     "fpa_parametrisation": ("choice", tuple(FPA_PARAMETRISATIONS)),
-    "qk_norm": ("bool", None), "output_gate": ("bool", None),
-    "fpa_level_offset": ("choice", LEVEL_OFFSETS), "fpa_level_offset_bias_init": ("real", "any"),
+    "qk_norm": ("bool", None),
+    "output_gate": ("bool", None),
+    "fpa_level_offset": ("choice", LEVEL_OFFSETS),
+    "fpa_level_offset_bias_init": ("real", "any"),
     "fpa_level_offset_init": ("real", "any"),
     "tie_word_embeddings": ("bool", None),
-    "fpa_beta_init": ("real", "any"), "fpa_field_lr_multiplier": ("real", ">=0"),
-    "fpa_walk_increment": ("choice", WALK_INCREMENTS), "fpa_walk_bias_init": ("real", "any"),
+    "fpa_beta_init": ("real", "any"),
+    "fpa_field_lr_multiplier": ("real", ">=0"),
+    "fpa_walk_increment": ("choice", WALK_INCREMENTS),
+    "fpa_walk_bias_init": ("real", "any"),
     "fpa_beta_activation": ("choice", BETA_ACTIVATIONS),
-    "fox_fgate_bias_init": ("real", "any"), "rope_theta": ("real", ">0"), "rms_norm_eps": ("real", ">0"),
+    "fox_fgate_bias_init": ("real", "any"),
+    "rope_theta": ("real", ">0"),
+    "rms_norm_eps": ("real", ">0"),
     "initializer_range": ("real", ">=0"),
 }
 
@@ -75,10 +118,14 @@ def check_field(name: str, val: object) -> None:
         if not isinstance(val, bool):
             raise ValueError(f"FPAConfig {name} must be true or false (a bool), got {got}")
     elif kind == "choice":
-        if not any(isinstance(val, type(r)) and isinstance(val, bool) == isinstance(r, bool) and val == r
-                   for r in rule):
-            hint = "; use 'none' (was false) or 'head' (was true)" if name == "fpa_level_offset" \
-                and isinstance(val, bool) else ""
+        if not any(
+            isinstance(val, type(r)) and isinstance(val, bool) == isinstance(r, bool) and val == r for r in rule
+        ):
+            hint = (
+                "; use 'none' (was false) or 'head' (was true)"
+                if name == "fpa_level_offset" and isinstance(val, bool)
+                else ""
+            )
             raise ValueError(f"FPAConfig {name} must be one of {tuple(rule)}, got {got}{hint}")
     else:
         if isinstance(val, bool) or not isinstance(val, (int, float)) or not math.isfinite(val):
@@ -93,7 +140,8 @@ def check_keys(keys: object, what: str = "model overrides") -> None:
     if unknown:
         hints = [f"{k!r} (did you mean {m[0]!r}?)" for k in unknown if (m := difflib.get_close_matches(k, FIELDS, 1))]
         raise ValueError(
-            f"unknown FPAConfig keys in {what}: {unknown}" + (f"; {', '.join(hints)}" if hints else "")
+            f"unknown FPAConfig keys in {what}: {unknown}"
+            + (f"; {', '.join(hints)}" if hints else "")
             + f"; valid keys: {sorted(FIELDS)}"
         )
 
@@ -112,34 +160,68 @@ class FPAConfig(PretrainedConfig):
 
     model_type = "fpa"
 
-    def __init__(self, vocab_size=257, hidden_size=128, num_hidden_layers=4, num_attention_heads=4,
-                 num_key_value_heads=None, intermediate_size=352, attention="fpa", fpa_mode="walk",
-                 qk_norm=False, output_gate=False, fpa_level_offset=None, fpa_beta_init=0.0,
-                 fpa_field_lr_multiplier=None, fpa_walk_increment=None, fpa_walk_bias_init=None,
-                 fpa_beta_activation=None,
-                 fox_fgate_bias_init=5.0, rope_theta=10000.0, rms_norm_eps=1e-6, initializer_range=0.02,
-                 tie_word_embeddings=True, fpa_level_offset_bias_init=-4.0, fpa_level_offset_init=None,
-                 fpa_parametrisation=FPA_PARAMETRISATION_CURRENT_VERSION, **kwargs):
+    def __init__(
+        self,
+        vocab_size=257,
+        hidden_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=None,
+        intermediate_size=352,
+        attention="fpa",
+        fpa_mode="walk",
+        qk_norm=False,
+        output_gate=False,
+        fpa_level_offset=None,
+        fpa_beta_init=0.0,
+        fpa_field_lr_multiplier=None,
+        fpa_walk_increment=None,
+        fpa_walk_bias_init=None,
+        fpa_beta_activation=None,
+        fox_fgate_bias_init=5.0,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-6,
+        initializer_range=0.02,
+        tie_word_embeddings=True,
+        fpa_level_offset_bias_init=-4.0,
+        fpa_level_offset_init=None,
+        fpa_parametrisation=FPA_PARAMETRISATION_CURRENT_VERSION,
+        **kwargs,
+    ):
         if num_key_value_heads is None:
             num_key_value_heads = num_attention_heads
         check_field("fpa_parametrisation", fpa_parametrisation)
         defaults = FPA_PARAMETRISATIONS[fpa_parametrisation]
-        given = dict(fpa_field_lr_multiplier=fpa_field_lr_multiplier, fpa_walk_increment=fpa_walk_increment,
-                     fpa_walk_bias_init=fpa_walk_bias_init, fpa_beta_activation=fpa_beta_activation,
-                     fpa_level_offset=fpa_level_offset, fpa_level_offset_init=fpa_level_offset_init)
+        given = dict(
+            fpa_field_lr_multiplier=fpa_field_lr_multiplier,
+            fpa_walk_increment=fpa_walk_increment,
+            fpa_walk_bias_init=fpa_walk_bias_init,
+            fpa_beta_activation=fpa_beta_activation,
+            fpa_level_offset=fpa_level_offset,
+            fpa_level_offset_init=fpa_level_offset_init,
+        )
         param = {k: defaults[k] if v is None else v for k, v in given.items()}
         if fpa_level_offset is None and not (attention == "fpa" and fpa_mode == "walk"):
             param["fpa_level_offset"] = "none"  # the default offset exists in walk mode only
         fpa_level_offset = param["fpa_level_offset"]
         values = dict(
-            vocab_size=vocab_size, hidden_size=hidden_size, num_hidden_layers=num_hidden_layers,
-            num_attention_heads=num_attention_heads, num_key_value_heads=num_key_value_heads,
-            intermediate_size=intermediate_size, attention=attention, fpa_mode=fpa_mode, qk_norm=qk_norm,
+            vocab_size=vocab_size,
+            hidden_size=hidden_size,
+            num_hidden_layers=num_hidden_layers,
+            num_attention_heads=num_attention_heads,
+            num_key_value_heads=num_key_value_heads,
+            intermediate_size=intermediate_size,
+            attention=attention,
+            fpa_mode=fpa_mode,
+            qk_norm=qk_norm,
             output_gate=output_gate,
             fpa_level_offset_bias_init=fpa_level_offset_bias_init,
             tie_word_embeddings=tie_word_embeddings,
-            fpa_beta_init=fpa_beta_init, **param,
-            fox_fgate_bias_init=fox_fgate_bias_init, rope_theta=rope_theta, rms_norm_eps=rms_norm_eps,
+            fpa_beta_init=fpa_beta_init,
+            **param,
+            fox_fgate_bias_init=fox_fgate_bias_init,
+            rope_theta=rope_theta,
+            rms_norm_eps=rms_norm_eps,
             initializer_range=initializer_range,
         )
         for name, val in values.items():
@@ -148,14 +230,19 @@ class FPAConfig(PretrainedConfig):
         if typos:
             check_keys(typos, "FPAConfig arguments")
         if attention == "fpa" and fpa_mode != "walk" and fpa_level_offset in ("head", "token"):
-            raise ValueError(f"FPAConfig fpa_level_offset={fpa_level_offset!r} needs fpa_mode='walk' (it offsets "
-                             f"the walk's level), got fpa_mode={fpa_mode!r}")
+            raise ValueError(
+                f"FPAConfig fpa_level_offset={fpa_level_offset!r} needs fpa_mode='walk' (it offsets "
+                f"the walk's level), got fpa_mode={fpa_mode!r}"
+            )
         if hidden_size % num_attention_heads:
-            raise ValueError(f"hidden_size ({hidden_size}) must be divisible by num_attention_heads "
-                             f"({num_attention_heads})")
+            raise ValueError(
+                f"hidden_size ({hidden_size}) must be divisible by num_attention_heads ({num_attention_heads})"
+            )
         if num_attention_heads % num_key_value_heads:
-            raise ValueError(f"num_attention_heads ({num_attention_heads}) must be a multiple of num_key_value_heads "
-                             f"({num_key_value_heads})")
+            raise ValueError(
+                f"num_attention_heads ({num_attention_heads}) must be a multiple of num_key_value_heads "
+                f"({num_key_value_heads})"
+            )
         self.fpa_parametrisation = fpa_parametrisation
         self.vocab_size, self.hidden_size, self.num_hidden_layers = vocab_size, hidden_size, num_hidden_layers
         self.num_attention_heads, self.num_key_value_heads = num_attention_heads, num_key_value_heads
@@ -181,8 +268,9 @@ class FPAConfig(PretrainedConfig):
         d.setdefault("fpa_parametrisation", FPA_PARAMETRISATION_LEGACY_VERSION)
         if isinstance(d.get("fpa_level_offset"), bool):
             default = {k: v.default for k, v in inspect.signature(cls.__init__).parameters.items()}
-            walk = (d.get("attention", default["attention"]) == "fpa"
-                    and d.get("fpa_mode", default["fpa_mode"]) == "walk")  # a missing key: the constructor's default
+            walk = (
+                d.get("attention", default["attention"]) == "fpa" and d.get("fpa_mode", default["fpa_mode"]) == "walk"
+            )  # a missing key: the constructor's default
             d["fpa_level_offset"] = "head" if d["fpa_level_offset"] and walk else "none"
         return super().from_dict(d, **kwargs)
 
@@ -209,7 +297,25 @@ class FPAConfig(PretrainedConfig):
 
 
 # keys transformers itself may pass to a config (saved in config.json or set by from_pretrained)
-_GENERIC_KEYS = {"transformers_version", "architectures", "output_hidden_states", "return_dict", "dtype",
-                 "torch_dtype", "chunk_size_feed_forward", "is_encoder_decoder", "id2label", "label2id",
-                 "problem_type", "num_labels", "name_or_path", "_name_or_path", "_commit_hash", "model_type",
-                 "output_attentions", "attn_implementation", "experts_implementation", "use_cache"}
+_GENERIC_KEYS = {
+    "transformers_version",
+    "architectures",
+    "output_hidden_states",
+    "return_dict",
+    "dtype",
+    "torch_dtype",
+    "chunk_size_feed_forward",
+    "is_encoder_decoder",
+    "id2label",
+    "label2id",
+    "problem_type",
+    "num_labels",
+    "name_or_path",
+    "_name_or_path",
+    "_commit_hash",
+    "model_type",
+    "output_attentions",
+    "attn_implementation",
+    "experts_implementation",
+    "use_cache",
+}

@@ -23,20 +23,34 @@ def llama_config(config):
     head_dim = config.hidden_size // config.num_attention_heads
     if head_dim % 2:
         raise ValueError(f"Llama's RoPE needs an even head dimension, got {head_dim}")
-    kw = dict(vocab_size=config.vocab_size, hidden_size=config.hidden_size,
-              intermediate_size=config.intermediate_size, num_hidden_layers=config.num_hidden_layers,
-              num_attention_heads=config.num_attention_heads, num_key_value_heads=config.num_key_value_heads,
-              head_dim=head_dim, hidden_act="silu", rms_norm_eps=config.rms_norm_eps, attention_bias=False,
-              mlp_bias=False, tie_word_embeddings=config.tie_word_embeddings, max_position_embeddings=1 << 20,
-              rope_parameters={"rope_type": "default", "rope_theta": float(config.rope_theta)},
-              eos_token_id=getattr(config, "eos_token_id", None), pad_token_id=getattr(config, "pad_token_id", None))
+    kw = dict(
+        vocab_size=config.vocab_size,
+        hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size,
+        num_hidden_layers=config.num_hidden_layers,
+        num_attention_heads=config.num_attention_heads,
+        num_key_value_heads=config.num_key_value_heads,
+        head_dim=head_dim,
+        hidden_act="silu",
+        rms_norm_eps=config.rms_norm_eps,
+        attention_bias=False,
+        mlp_bias=False,
+        tie_word_embeddings=config.tie_word_embeddings,
+        max_position_embeddings=1 << 20,
+        rope_parameters={"rope_type": "default", "rope_theta": float(config.rope_theta)},
+        eos_token_id=getattr(config, "eos_token_id", None),
+        pad_token_id=getattr(config, "pad_token_id", None),
+    )
     return LlamaConfig(**kw)
 
 
 def _state_dict_map(num_layers: int) -> dict[str, str]:
     """FPA parameter name -> Llama parameter name."""
-    m = {"model.embed_tokens.weight": "model.embed_tokens.weight", "model.norm.weight": "model.norm.weight",
-         "lm_head.weight": "lm_head.weight"}
+    m = {
+        "model.embed_tokens.weight": "model.embed_tokens.weight",
+        "model.norm.weight": "model.norm.weight",
+        "lm_head.weight": "lm_head.weight",
+    }
     for i in range(num_layers):
         a, b = f"model.layers.{i}.", f"model.layers.{i}."
         m[a + "attn_norm.weight"] = b + "input_layernorm.weight"

@@ -24,8 +24,17 @@ from fpa.models.configuration_fpa import FPAConfig
 __all__ = ["CACHE_ARG", "FPAForCausalLM", "FPAModel", "cache_signature", "output_cache"]
 
 # What a cache remembers of the model that filled it (FPACache.bind).
-_SIGNATURE_FIELDS = ("attention", "fpa_mode", "num_hidden_layers", "hidden_size", "num_attention_heads",
-                     "num_key_value_heads", "fpa_level_offset", "qk_norm", "vocab_size")
+_SIGNATURE_FIELDS = (
+    "attention",
+    "fpa_mode",
+    "num_hidden_layers",
+    "hidden_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "fpa_level_offset",
+    "qk_norm",
+    "vocab_size",
+)
 
 
 def cache_signature(config) -> dict:
@@ -56,19 +65,30 @@ def _resolve_cache(cache, use_cache: bool | None) -> FPACache | None:
         return cache
     if isinstance(cache, Cache) and cache.get_seq_length() == 0:
         return FPACache()
-    raise ValueError(f"past_key_values / cache must be an fpa.cache.FPACache (or an empty transformers Cache), "
-                     f"got {type(cache).__name__}")
+    raise ValueError(
+        f"past_key_values / cache must be an fpa.cache.FPACache (or an empty transformers Cache), "
+        f"got {type(cache).__name__}"
+    )
 
 
 class FPAModel(FPAPreTrainedModel):
     def __init__(self, config: FPAConfig):
         super().__init__(config)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList([
-            TransformerBlock(config.hidden_size, config.intermediate_size, config.attention,
-                             config.num_attention_heads, config.num_key_value_heads, config.rms_norm_eps,
-                             **config.attention_kwargs())
-            for _ in range(config.num_hidden_layers)])
+        self.layers = nn.ModuleList(
+            [
+                TransformerBlock(
+                    config.hidden_size,
+                    config.intermediate_size,
+                    config.attention,
+                    config.num_attention_heads,
+                    config.num_key_value_heads,
+                    config.rms_norm_eps,
+                    **config.attention_kwargs(),
+                )
+                for _ in range(config.num_hidden_layers)
+            ]
+        )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.gradient_checkpointing = False
         self.post_init()
@@ -86,8 +106,10 @@ class FPAModel(FPAPreTrainedModel):
     def _check_input_ids(self, input_ids: Tensor) -> None:
         """Shape and dtype of input_ids (no host sync)."""
         if input_ids.dim() != 2:
-            raise ValueError(f"input_ids must have shape (batch, seq_len), got {tuple(input_ids.shape)}"
-                             + (" (use input_ids[None] for one sequence)" if input_ids.dim() == 1 else ""))
+            raise ValueError(
+                f"input_ids must have shape (batch, seq_len), got {tuple(input_ids.shape)}"
+                + (" (use input_ids[None] for one sequence)" if input_ids.dim() == 1 else "")
+            )
         if input_ids.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8, torch.int8):
             raise ValueError(f"input_ids must be integer token ids, got dtype {input_ids.dtype}")
 
@@ -102,13 +124,24 @@ class FPAModel(FPAPreTrainedModel):
             return
         lo, hi = torch.stack(list(torch.aminmax(input_ids))).tolist()  # one host sync for both
         if lo < 0 or hi >= self.config.vocab_size:
-            raise ValueError(f"input_ids must lie in [0, vocab_size={self.config.vocab_size}), got values in "
-                             f"[{lo}, {hi}]")
+            raise ValueError(
+                f"input_ids must lie in [0, vocab_size={self.config.vocab_size}), got values in [{lo}, {hi}]"
+            )
 
-    def forward(self, input_ids: Tensor | None = None, attention_mask: Tensor | None = None,
-                position_ids: Tensor | None = None, past_key_values=None, inputs_embeds: Tensor | None = None,
-                use_cache: bool | None = None, output_attentions: bool | None = None,
-                output_hidden_states: bool | None = None, cache=None, return_dict: bool | None = None, **kwargs):
+    def forward(
+        self,
+        input_ids: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        position_ids: Tensor | None = None,
+        past_key_values=None,
+        inputs_embeds: Tensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        cache=None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ):
         """input_ids (B, T) or inputs_embeds (B, T, hidden); attention_mask (B, T) or (B, past + T)
         (1 = token, 0 = padding); position_ids (B, T). ``cache`` and ``past_key_values`` are the
         same argument: an FPACache. Returns last_hidden_state (B, T, hidden), the cache,
@@ -133,10 +166,11 @@ class FPAModel(FPAPreTrainedModel):
         if position_ids is not None:
             pos = position_ids.to(x.device).long().expand(B, T)
         elif mask is not None and cache is None:
-            pos = (torch.cumsum(mask.long(), -1) - mask.long())
+            pos = torch.cumsum(mask.long(), -1) - mask.long()
         want_attn = bool(output_attentions if output_attentions is not None else self.config.output_attentions)
-        want_hidden = bool(output_hidden_states if output_hidden_states is not None
-                           else self.config.output_hidden_states)
+        want_hidden = bool(
+            output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
+        )
         hidden, attentions = [], []
         for i, layer in enumerate(self.layers):
             if want_hidden:
@@ -156,9 +190,12 @@ class FPAModel(FPAPreTrainedModel):
         x = self.norm(x)
         if want_hidden:
             hidden.append(x)
-        return BaseModelOutputWithPast(last_hidden_state=x, **{CACHE_ARG: cache},
-                                       hidden_states=tuple(hidden) if want_hidden else None,
-                                       attentions=tuple(attentions) if want_attn else None)
+        return BaseModelOutputWithPast(
+            last_hidden_state=x,
+            **{CACHE_ARG: cache},
+            hidden_states=tuple(hidden) if want_hidden else None,
+            attentions=tuple(attentions) if want_attn else None,
+        )
 
 
 def _new_token_mask(attention_mask: Tensor | None, B: int, T: int, past: int, device) -> Tensor | None:
@@ -170,8 +207,10 @@ def _new_token_mask(attention_mask: Tensor | None, B: int, T: int, past: int, de
     if attention_mask is None:
         return None
     if attention_mask.dim() != 2 or attention_mask.shape[0] != B or attention_mask.shape[1] not in (T, past + T):
-        raise ValueError(f"attention_mask must have shape (batch, seq_len) = ({B}, {T}) or (batch, cached + new) = "
-                         f"({B}, {past + T}), got {tuple(attention_mask.shape)} (4-D masks are not supported)")
+        raise ValueError(
+            f"attention_mask must have shape (batch, seq_len) = ({B}, {T}) or (batch, cached + new) = "
+            f"({B}, {past + T}), got {tuple(attention_mask.shape)} (4-D masks are not supported)"
+        )
     mask = attention_mask[:, -T:].to(device=device).bool()
     if past > 0:
         return mask
@@ -211,9 +250,18 @@ class FPAForCausalLM(FPAPreTrainedModel, GenerationMixin):
             kwargs[CACHE_ARG] = FPACache()
         return super().generate(*args, **kwargs)
 
-    def prepare_inputs_for_generation(self, input_ids, past_key_values=None, attention_mask=None,
-                                      inputs_embeds=None, position_ids=None, use_cache=True, cache=None,
-                                      next_sequence_length: int | None = None, **kwargs):
+    def prepare_inputs_for_generation(
+        self,
+        input_ids,
+        past_key_values=None,
+        attention_mask=None,
+        inputs_embeds=None,
+        position_ids=None,
+        use_cache=True,
+        cache=None,
+        next_sequence_length: int | None = None,
+        **kwargs,
+    ):
         """Feed the tokens the cache has not seen, with their mask and positions.
 
         The count of new tokens is ``next_sequence_length`` if generate gives it, else the mask's
@@ -246,23 +294,46 @@ class FPAForCausalLM(FPAPreTrainedModel, GenerationMixin):
     def per_token_loss(logits, labels, ignore_index: int = -100):
         """(B, T-1) cross-entropy of logits[:, t] against labels[:, t+1] (0 where ignored)."""
         lg, lb = logits[:, :-1].float(), labels[:, 1:]
-        return F.cross_entropy(lg.reshape(-1, lg.shape[-1]), lb.reshape(-1), ignore_index=ignore_index,
-                               reduction="none").view(lb.shape)
+        return F.cross_entropy(
+            lg.reshape(-1, lg.shape[-1]), lb.reshape(-1), ignore_index=ignore_index, reduction="none"
+        ).view(lb.shape)
 
-    def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None, labels=None,
-                use_cache=None, inputs_embeds=None, output_attentions=None, output_hidden_states=None,
-                return_per_token_loss=False, cache=None, return_dict=None, logits_to_keep: int = 0, **kwargs):
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        position_ids=None,
+        past_key_values=None,
+        labels=None,
+        use_cache=None,
+        inputs_embeds=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_per_token_loss=False,
+        cache=None,
+        return_dict=None,
+        logits_to_keep: int = 0,
+        **kwargs,
+    ):
         """Logits (B, T, vocab) (the last ``logits_to_keep`` positions if > 0) and, with ``labels``
         (B, T), the mean next-token loss (-100 ignored; padding is not masked by itself: set its
         labels to -100). ``cache`` and ``past_key_values`` are the same argument: an FPACache."""
         cache = cache if cache is not None else past_key_values
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                         past_key_values=cache, use_cache=use_cache, inputs_embeds=inputs_embeds,
-                         output_attentions=output_attentions, output_hidden_states=output_hidden_states)
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=cache,
+            use_cache=use_cache,
+            inputs_embeds=inputs_embeds,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+        )
         h = out.last_hidden_state
         logits = self.lm_head(h[:, -logits_to_keep:] if logits_to_keep else h)
-        result = CausalLMOutputWithPast(logits=logits, **{CACHE_ARG: output_cache(out)},
-                                        hidden_states=out.hidden_states, attentions=out.attentions)
+        result = CausalLMOutputWithPast(
+            logits=logits, **{CACHE_ARG: output_cache(out)}, hidden_states=out.hidden_states, attentions=out.attentions
+        )
         if labels is not None:
             tok = self.per_token_loss(logits, labels)
             n = (labels[:, 1:] != -100).sum().clamp(min=1)

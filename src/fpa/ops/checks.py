@@ -18,9 +18,7 @@ def check_float(name: str, x: Tensor) -> None:
     if not isinstance(x, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if x.dtype not in _FLOAT_DTYPES:
-        raise TypeError(
-            f"{name} must be a floating tensor (float16, bfloat16, float32 or float64), got {x.dtype}"
-        )
+        raise TypeError(f"{name} must be a floating tensor (float16, bfloat16, float32 or float64), got {x.dtype}")
 
 
 def check_rank(name: str, x: Tensor, rank: int, layout: str) -> None:

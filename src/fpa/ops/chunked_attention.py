@@ -41,13 +41,26 @@ class ChunkBias(Protocol):
         """S (B*Hq, c, K) raw q.k -> softmax probabilities in place; writes lse (B*Hq, Tq) rows r0:r1."""
         ...
 
-    def rows_backward(self, S: Tensor, dP: Tensor, lse: Tensor, delta: Tensor, r0: int, r1: int, scale: float,
-                      want: bool) -> None:
+    def rows_backward(
+        self, S: Tensor, dP: Tensor, lse: Tensor, delta: Tensor, r0: int, r1: int, scale: float, want: bool
+    ) -> None:
         """S -> P and dP (raw dO.v) -> dS in place; with want, accumulate the bias's own gradients."""
         ...
 
-    def whole(self, q5: Tensor, k: Tensor, v: Tensor, out: Tensor | None, dout: Tensor | None, lse: Tensor,
-              delta: Tensor | None, grads: tuple | None, chunk: int, scale: float, want: bool) -> None:
+    def whole(
+        self,
+        q5: Tensor,
+        k: Tensor,
+        v: Tensor,
+        out: Tensor | None,
+        dout: Tensor | None,
+        lse: Tensor,
+        delta: Tensor | None,
+        grads: tuple | None,
+        chunk: int,
+        scale: float,
+        want: bool,
+    ) -> None:
         """The whole op in C++ (fpa.ops.cpu_kernels.*_whole): forward when dout is None, else backward."""
         ...
 
@@ -56,9 +69,7 @@ def _diagonal_mask(c: int, device: torch.device) -> Tensor:
     return torch.ones(c, c, dtype=torch.bool, device=device).triu(1)
 
 
-def _chunk_scores(
-    q5: Tensor, k: Tensor, r0: int, r1: int, P: int, scale: float, bias: ChunkBias, keep: bool
-) -> Tensor:
+def _chunk_scores(q5: Tensor, k: Tensor, r0: int, r1: int, P: int, scale: float, bias: ChunkBias, keep: bool) -> Tensor:
     B, Hkv, G, _, D = q5.shape
     c, K = r1 - r0, P + r1
     qc = q5[:, :, :, r0:r1].reshape(B, Hkv, G * c, D)
@@ -141,8 +152,9 @@ def _flat(x: Tensor, n: int) -> Tensor:
     return x.reshape(-1, x.shape[-2], n)
 
 
-def _fused_forward(q5: Tensor, k: Tensor, v: Tensor, scale: float, bias: ChunkBias,
-                   chunk: int) -> tuple[Tensor, Tensor]:
+def _fused_forward(
+    q5: Tensor, k: Tensor, v: Tensor, scale: float, bias: ChunkBias, chunk: int
+) -> tuple[Tensor, Tensor]:
     B, Hkv, G, Tq, D = q5.shape
     Tk, Dv = k.shape[2], v.shape[3]
     P, BH = Tk - Tq, B * Hkv * G
@@ -164,8 +176,18 @@ def _fused_forward(q5: Tensor, k: Tensor, v: Tensor, scale: float, bias: ChunkBi
     return out, lse.view(B, Hkv, G, Tq)
 
 
-def _fused_backward(q5: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dout: Tensor, scale: float,
-                    bias: ChunkBias, chunk: int, want: bool) -> tuple[Tensor, Tensor, Tensor]:
+def _fused_backward(
+    q5: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    dout: Tensor,
+    scale: float,
+    bias: ChunkBias,
+    chunk: int,
+    want: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
     B, Hkv, G, Tq, D = q5.shape
     Tk, Dv = k.shape[2], v.shape[3]
     P, BH = Tk - Tq, B * Hkv * G
@@ -173,8 +195,19 @@ def _fused_backward(q5: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, 
     lse2 = lse.reshape(BH, Tq).contiguous()
     if cpu_kernels.whole_usable(B * Hkv):
         dq, dk, dv = q5.new_empty(q5.shape), k.new_zeros(k.shape), v.new_zeros(v.shape)
-        bias.whole(q5.contiguous(), k.contiguous(), v.contiguous(), None, dout.contiguous(), lse2, delta, (dq, dk, dv),
-                   chunk, scale, want)
+        bias.whole(
+            q5.contiguous(),
+            k.contiguous(),
+            v.contiguous(),
+            None,
+            dout.contiguous(),
+            lse2,
+            delta,
+            (dq, dk, dv),
+            chunk,
+            scale,
+            want,
+        )
         return dq, dk, dv
     k3, v3 = _flat(k, D), _flat(v, Dv)
     dq = q5.new_empty(B, Hkv, G, Tq, D)

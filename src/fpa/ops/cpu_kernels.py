@@ -347,9 +347,15 @@ def reason() -> str | None:
 
 def info() -> dict:
     """What is in use: the library file, the BLAS of the whole-op driver, the flags."""
-    return {"enabled": library() is not None, "library": None if _so_path is None else str(_so_path),
-            "blas": _blas_path, "whole_op": _whole_ok, "isa": default_isa(), "flags": compile_flags(isa=default_isa()),
-            "reason": _reason}
+    return {
+        "enabled": library() is not None,
+        "library": None if _so_path is None else str(_so_path),
+        "blas": _blas_path,
+        "whole_op": _whole_ok,
+        "isa": default_isa(),
+        "flags": compile_flags(isa=default_isa()),
+        "reason": _reason,
+    }
 
 
 def whole_usable(B_kv: int) -> bool:
@@ -360,8 +366,9 @@ def whole_usable(B_kv: int) -> bool:
 
 def usable(*xs: Tensor) -> bool:
     """True when the kernels can run on these tensors (CPU, float32/float64, kernels built)."""
-    return all(x.device.type == "cpu" and x.dtype in (torch.float32,
-                                                      torch.float64) for x in xs) and library() is not None
+    return (
+        all(x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64) for x in xs) and library() is not None
+    )
 
 
 # ---- calls: every array is checked (CPU, dtype, contiguous, large enough) before its pointer goes to C++ ----
@@ -408,9 +415,21 @@ def _lib_or_raise(lib: ctypes.CDLL | None = None) -> ctypes.CDLL:
     return lib
 
 
-def fpa_rows(S: Tensor, dP: Tensor | None, lse: Tensor, delta: Tensor | None, field: Tensor, past_min: Tensor,
-             level: Tensor, beta: Tensor, Hq: int, r0: int, r1: int, scale: float,
-             grads: tuple[Tensor, Tensor, Tensor] | None = None) -> None:
+def fpa_rows(
+    S: Tensor,
+    dP: Tensor | None,
+    lse: Tensor,
+    delta: Tensor | None,
+    field: Tensor,
+    past_min: Tensor,
+    level: Tensor,
+    beta: Tensor,
+    Hq: int,
+    r0: int,
+    r1: int,
+    scale: float,
+    grads: tuple[Tensor, Tensor, Tensor] | None = None,
+) -> None:
     """One FPA query chunk [r0, r1). S, dP (BH, c, K) raw q.k and dO.v; lse, delta (BH, Tq);
     field (BH, Tq); past_min (BH, P); level (BH, Tk); beta (Hq,). Forward when dP is None
     (S -> P, lse written); else backward (S -> P, dP -> dS), accumulating into grads =
@@ -418,26 +437,47 @@ def fpa_rows(S: Tensor, dP: Tensor | None, lse: Tensor, delta: Tensor | None, fi
     lib = _lib_or_raise()
     dt, sfx = _dtype("S", S)
     if field.dim() != 2 or past_min.dim() != 2:
-        raise ValueError(f"field and past_min must be (BH, Tq) and (BH, P), got {tuple(field.shape)}, "
-                         f"{tuple(past_min.shape)}")
+        raise ValueError(
+            f"field and past_min must be (BH, Tq) and (BH, P), got {tuple(field.shape)}, {tuple(past_min.shape)}"
+        )
     BH, Tq, P = field.shape[0], field.shape[1], past_min.shape[1]
     _chunk(r0, r1, Tq)
     n, bwd = BH * (r1 - r0) * (P + r1), dP is not None
-    ptrs = [_arr("S", S, dt, n), _arr("dP", dP, dt, n, required=False), _arr("lse", lse, dt, BH * Tq),
-            _arr("delta", delta, dt, BH * Tq, required=bwd), _arr("field", field, dt, BH * Tq),
-            _arr("past_min", past_min, dt, BH * P), _arr("level", level, dt, BH * (P + Tq)), _arr("beta", beta, dt, Hq)]
+    ptrs = [
+        _arr("S", S, dt, n),
+        _arr("dP", dP, dt, n, required=False),
+        _arr("lse", lse, dt, BH * Tq),
+        _arr("delta", delta, dt, BH * Tq, required=bwd),
+        _arr("field", field, dt, BH * Tq),
+        _arr("past_min", past_min, dt, BH * P),
+        _arr("level", level, dt, BH * (P + Tq)),
+        _arr("beta", beta, dt, Hq),
+    ]
     if Hq <= 0 or BH % Hq:
         raise ValueError(f"Hq = {Hq} must divide the number of row blocks BH = {BH}")
     dv, dl, db = grads if grads is not None else (None, None, None)
     want = grads is not None and bwd
-    gp = [_arr("dvirtual", dv, dt, BH * (Tq + P), want), _arr("dlevel", dl, dt, BH * (P + Tq), want),
-          _arr("dbeta", db, torch.float64, BH, want)]
+    gp = [
+        _arr("dvirtual", dv, dt, BH * (Tq + P), want),
+        _arr("dlevel", dl, dt, BH * (P + Tq), want),
+        _arr("dbeta", db, torch.float64, BH, want),
+    ]
     fn = getattr(lib, f"fpa_{'bwd' if bwd else 'fwd'}_{sfx}")
     fn(*ptrs, BH, Hq, Tq, P, r0, r1, float(scale), int(want), *gp)
 
 
-def fox_rows(S: Tensor, dP: Tensor | None, lse: Tensor, delta: Tensor | None, cum: Tensor, Tq: int,
-             r0: int, r1: int, scale: float, dcum: Tensor | None = None) -> None:
+def fox_rows(
+    S: Tensor,
+    dP: Tensor | None,
+    lse: Tensor,
+    delta: Tensor | None,
+    cum: Tensor,
+    Tq: int,
+    r0: int,
+    r1: int,
+    scale: float,
+    dcum: Tensor | None = None,
+) -> None:
     """One FoX query chunk: like fpa_rows with the bias cum_i - cum_j; cum (BH, Tk), dcum likewise."""
     lib = _lib_or_raise()
     dt, sfx = _dtype("S", S)
@@ -448,9 +488,21 @@ def fox_rows(S: Tensor, dP: Tensor | None, lse: Tensor, delta: Tensor | None, cu
     n, bwd = BH * (r1 - r0) * (Tk - Tq + r1), dP is not None
     want = dcum is not None and bwd
     fn = getattr(lib, f"fox_{'bwd' if bwd else 'fwd'}_{sfx}")
-    fn(_arr("S", S, dt, n), _arr("dP", dP, dt, n, required=False), _arr("lse", lse, dt, BH * Tq),
-       _arr("delta", delta, dt, BH * Tq, required=bwd), _arr("cum", cum, dt, BH * Tk), BH, Tq, Tk - Tq, r0, r1,
-       float(scale), int(want), _arr("dcum", dcum, dt, BH * Tk, want))
+    fn(
+        _arr("S", S, dt, n),
+        _arr("dP", dP, dt, n, required=False),
+        _arr("lse", lse, dt, BH * Tq),
+        _arr("delta", delta, dt, BH * Tq, required=bwd),
+        _arr("cum", cum, dt, BH * Tk),
+        BH,
+        Tq,
+        Tk - Tq,
+        r0,
+        r1,
+        float(scale),
+        int(want),
+        _arr("dcum", dcum, dt, BH * Tk, want),
+    )
 
 
 def _whole_common(q, k, v, out, dout, lse, delta, dq, dk, dv, P: int, chunk: int, scale: float) -> tuple[list, str]:
@@ -458,23 +510,49 @@ def _whole_common(q, k, v, out, dout, lse, delta, dq, dk, dv, P: int, chunk: int
     (B, Hkv, G, Tq, Dv), lse/delta (B*Hq, Tq), dq/dk/dv like q/k/v; all contiguous."""
     dt, sfx = _dtype("q", q)
     if q.dim() != 5 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError(f"q, k, v must be (B, Hkv, G, Tq, D), (B, Hkv, Tk, D), (B, Hkv, Tk, Dv), got "
-                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+        raise ValueError(
+            f"q, k, v must be (B, Hkv, G, Tq, D), (B, Hkv, Tk, D), (B, Hkv, Tk, Dv), got "
+            f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
     B, Hkv, G, Tq, D = q.shape
     Dv, BKV, Tk = v.shape[-1], B * Hkv, P + Tq
     if chunk <= 0:
         raise ValueError(f"chunk must be positive, got {chunk}")
     bwd = dout is not None
-    ptrs = [_arr("q", q, dt, BKV * G * Tq * D), _arr("k", k, dt, BKV * Tk * D), _arr("v", v, dt, BKV * Tk * Dv),
-            _arr("out", out, dt, BKV * G * Tq * Dv, required=not bwd),
-            _arr("dout", dout, dt, BKV * G * Tq * Dv, required=False), _arr("lse", lse, dt, BKV * G * Tq),
-            _arr("delta", delta, dt, BKV * G * Tq, required=bwd), _arr("dq", dq, dt, BKV * G * Tq * D, bwd),
-            _arr("dk", dk, dt, BKV * Tk * D, bwd), _arr("dv", dv, dt, BKV * Tk * Dv, bwd)]
+    ptrs = [
+        _arr("q", q, dt, BKV * G * Tq * D),
+        _arr("k", k, dt, BKV * Tk * D),
+        _arr("v", v, dt, BKV * Tk * Dv),
+        _arr("out", out, dt, BKV * G * Tq * Dv, required=not bwd),
+        _arr("dout", dout, dt, BKV * G * Tq * Dv, required=False),
+        _arr("lse", lse, dt, BKV * G * Tq),
+        _arr("delta", delta, dt, BKV * G * Tq, required=bwd),
+        _arr("dq", dq, dt, BKV * G * Tq * D, bwd),
+        _arr("dk", dk, dt, BKV * Tk * D, bwd),
+        _arr("dv", dv, dt, BKV * Tk * Dv, bwd),
+    ]
     return [*ptrs, BKV, G, Tq, D, Dv, chunk, float(scale)], sfx
 
 
-def fpa_whole(q, k, v, out, dout, lse, delta, dq, dk, dv, field: Tensor, past_min: Tensor, level: Tensor,
-              beta: Tensor, chunk: int, scale: float, grads: tuple[Tensor, Tensor, Tensor] | None = None) -> None:
+def fpa_whole(
+    q,
+    k,
+    v,
+    out,
+    dout,
+    lse,
+    delta,
+    dq,
+    dk,
+    dv,
+    field: Tensor,
+    past_min: Tensor,
+    level: Tensor,
+    beta: Tensor,
+    chunk: int,
+    scale: float,
+    grads: tuple[Tensor, Tensor, Tensor] | None = None,
+) -> None:
     """The whole FPA op in C++ (forward when dout is None, else backward); field/past_min/level as
     in fpa_rows, grads = (dvirtual, dlevel, dbeta) accumulated when given."""
     lib = _lib_or_raise()
@@ -486,14 +564,38 @@ def fpa_whole(q, k, v, out, dout, lse, delta, dq, dk, dv, field: Tensor, past_mi
     want = grads is not None and dout is not None
     dv_, dl, db = grads if grads is not None else (None, None, None)
     fn = getattr(lib, f"fpa_whole_{'fwd' if dout is None else 'bwd'}_{sfx}")
-    fn(*common, _arr("field", field, dt, BH * Tq), _arr("past_min", past_min, dt, BH * P),
-       _arr("level", level, dt, BH * (P + Tq)), _arr("beta", beta, dt, Hq), Hq, P, int(want),
-       _arr("dvirtual", dv_, dt, BH * (Tq + P), want), _arr("dlevel", dl, dt, BH * (P + Tq), want),
-       _arr("dbeta", db, torch.float64, BH, want))
+    fn(
+        *common,
+        _arr("field", field, dt, BH * Tq),
+        _arr("past_min", past_min, dt, BH * P),
+        _arr("level", level, dt, BH * (P + Tq)),
+        _arr("beta", beta, dt, Hq),
+        Hq,
+        P,
+        int(want),
+        _arr("dvirtual", dv_, dt, BH * (Tq + P), want),
+        _arr("dlevel", dl, dt, BH * (P + Tq), want),
+        _arr("dbeta", db, torch.float64, BH, want),
+    )
 
 
-def fox_whole(q, k, v, out, dout, lse, delta, dq, dk, dv, cum: Tensor, chunk: int, scale: float,
-              dcum: Tensor | None = None, lib: ctypes.CDLL | None = None) -> None:
+def fox_whole(
+    q,
+    k,
+    v,
+    out,
+    dout,
+    lse,
+    delta,
+    dq,
+    dk,
+    dv,
+    cum: Tensor,
+    chunk: int,
+    scale: float,
+    dcum: Tensor | None = None,
+    lib: ctypes.CDLL | None = None,
+) -> None:
     """The whole FoX op in C++; cum (B*Hq, Tk), dcum likewise (accumulated when given)."""
     lib = _lib_or_raise(lib)
     Tq = q.shape[3]
@@ -503,5 +605,10 @@ def fox_whole(q, k, v, out, dout, lse, delta, dq, dk, dv, cum: Tensor, chunk: in
     common, sfx = _whole_common(q, k, v, out, dout, lse, delta, dq, dk, dv, P, chunk, scale)
     BH, want = q.shape[0] * q.shape[1] * q.shape[2], dcum is not None and dout is not None
     fn = getattr(lib, f"fox_whole_{'fwd' if dout is None else 'bwd'}_{sfx}")
-    fn(*common, _arr("cum", cum, q.dtype, BH * (P + Tq)), P, int(want), _arr("dcum", dcum, q.dtype, BH * (P + Tq),
-                                                                             want))
+    fn(
+        *common,
+        _arr("cum", cum, q.dtype, BH * (P + Tq)),
+        P,
+        int(want),
+        _arr("dcum", dcum, q.dtype, BH * (P + Tq), want),
+    )

@@ -209,8 +209,12 @@ def first_passage_attention(
         if isinstance(beta, Tensor):
             named["beta"] = betas
         mm = checks.check_values(
-            dt, scale, named, no_inf=("q", "k", "v", "field", "level", "beta"),
-            plus_inf_ok=("past_min",), nonneg=("beta",),
+            dt,
+            scale,
+            named,
+            no_inf=("q", "k", "v", "field", "level", "beta"),
+            plus_inf_ok=("past_min",),
+            nonneg=("beta",),
         )
         _check_dip_range(mm, dt)
 
@@ -273,8 +277,11 @@ def forgetting_attention(
     dt = checks.math_dtype(q, log_fgate)
     if check_inputs:
         mm = checks.check_values(
-            dt, scale, {"q": q, "k": k, "v": v, "log_fgate": log_fgate},
-            no_inf=("q", "k", "v", "log_fgate"), nonpos=("log_fgate",),
+            dt,
+            scale,
+            {"q": q, "k": k, "v": v, "log_fgate": log_fgate},
+            no_inf=("q", "k", "v", "log_fgate"),
+            nonpos=("log_fgate",),
         )
         if "log_fgate" in mm and Tk * -mm["log_fgate"][0] >= torch.finfo(dt).max / 2:
             raise ValueError(

@@ -44,8 +44,9 @@ def range_min(field: Tensor) -> Tensor:
     T = field.shape[-1]
     t = torch.arange(T, device=field.device)
     after_key = t[:, None] > t[None, :]  # (t, j): t > j
-    x = torch.where(after_key, field[..., :, None], torch.full((), float("inf"), dtype=field.dtype,
-                                                               device=field.device))
+    x = torch.where(
+        after_key, field[..., :, None], torch.full((), float("inf"), dtype=field.dtype, device=field.device)
+    )
     return torch.cummin(x, dim=-2).values
 
 

@@ -42,8 +42,11 @@ def token_table(task: str) -> np.ndarray:
     else:
         s = ScopeTask
         rows = [(1, 0, 0, 0.0), (-1, 0, 0, 0.0), (0, 0, 0, 0.0)]
-        rows += [(0, 1 if var == 0 else -1, 0, val / (s.n_values - 1))
-                 for var in range(s.n_vars) for val in range(s.n_values)]
+        rows += [
+            (0, 1 if var == 0 else -1, 0, val / (s.n_values - 1))
+            for var in range(s.n_vars)
+            for val in range(s.n_values)
+        ]
         rows += [(0, 0, 1 if var == 0 else -1, 0.0) for var in range(s.n_vars)]
     table = np.array(rows, dtype=np.float32)
     assert table.shape[0] == t.vocab_size
@@ -55,8 +58,9 @@ def constructed_head(task: str, beta: float = 40.0, content: float = 20.0) -> Fi
     """The FPA walk head (hidden = vocabulary size, head_dim 1) realising ``task``'s target sets."""
     table = torch.from_numpy(token_table(task))
     V = table.shape[0]
-    layer = make_attention("fpa", V, 1, head_dim=1, fpa_mode="walk", walk_increment="linear",
-                           level_offset="none")  # field = depth, level = field
+    layer = make_attention(
+        "fpa", V, 1, head_dim=1, fpa_mode="walk", walk_increment="linear", level_offset="none"
+    )  # field = depth, level = field
     layer.increment_proj.weight.copy_(table[:, 0][None])
     layer.increment_proj.bias.zero_()
     layer.set_beta_(beta)
@@ -69,8 +73,14 @@ def constructed_head(task: str, beta: float = 40.0, content: float = 20.0) -> Fi
 
 
 @torch.no_grad()
-def constructive_check(task: str, n: int = 1000, ms: tuple[int, ...] = (1, 2, 4, 8, 16, 32),
-                       length_factors: tuple[int, ...] = (1, 4), seed: int = 0, chunk: int = 50) -> dict:
+def constructive_check(
+    task: str,
+    n: int = 1000,
+    ms: tuple[int, ...] = (1, 2, 4, 8, 16, 32),
+    length_factors: tuple[int, ...] = (1, 4),
+    seed: int = 0,
+    chunk: int = 50,
+) -> dict:
     """Target mass and accuracy of the constructed head on n random instances per (m, length factor).
 
     Returns {"task", "n", "min_target_mass", "accuracy", "cells": [{m, length_factor, T, min_mass, accuracy}]}.
@@ -90,7 +100,20 @@ def constructive_check(task: str, n: int = 1000, ms: tuple[int, ...] = (1, 2, 4,
                 pred = layer_output(layer, probs, v)[:, -1, 0]
                 hits.append((pred - torch.from_numpy(b.answer)).abs() < torch.from_numpy(b.tolerance))
             mass, hit = torch.cat(masses), torch.cat(hits).float()
-            cells.append(dict(m=m, length_factor=f, T=int(b.tokens.shape[1]), min_mass=float(mass.min()),
-                              accuracy=float(hit.mean())))
-    return dict(task=task, n=n, head_dim=1, min_target_mass=min(c["min_mass"] for c in cells),
-                accuracy=min(c["accuracy"] for c in cells), cells=cells)
+            cells.append(
+                dict(
+                    m=m,
+                    length_factor=f,
+                    T=int(b.tokens.shape[1]),
+                    min_mass=float(mass.min()),
+                    accuracy=float(hit.mean()),
+                )
+            )
+    return dict(
+        task=task,
+        n=n,
+        head_dim=1,
+        min_target_mass=min(c["min_mass"] for c in cells),
+        accuracy=min(c["accuracy"] for c in cells),
+        cells=cells,
+    )

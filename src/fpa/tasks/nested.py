@@ -137,9 +137,15 @@ def _with_query(body: np.ndarray, query: np.ndarray | int) -> np.ndarray:
     return np.concatenate([body, q[:, None]], 1)
 
 
-def _fraction_task(rng: np.random.Generator, ops: np.ndarray, m: int, push_ids: tuple[int, int],
-                   pop_ids: tuple[int, int], other_ids: tuple[int, int] | None,
-                   query_ids: tuple[int, int]) -> TaskBatch:
+def _fraction_task(
+    rng: np.random.Generator,
+    ops: np.ndarray,
+    m: int,
+    push_ids: tuple[int, int],
+    pop_ids: tuple[int, int],
+    other_ids: tuple[int, int] | None,
+    query_ids: tuple[int, int],
+) -> TaskBatch:
     """Shared rendering of ``stack`` and ``calls``: the answer is the fraction of live pushes with bit 1.
 
     Every token carries a random bit (pops, observations and the query too, in their token id),
@@ -154,12 +160,12 @@ def _fraction_task(rng: np.random.Generator, ops: np.ndarray, m: int, push_ids: 
     answer = (live & (bits == 1)).sum(1) / m
     target = np.concatenate([live, np.zeros((n, 1), dtype=bool)], 1)
     query = np.asarray(query_ids)[rng.integers(0, 2, size=n)]
-    return TaskBatch(_with_query(tok, query), target, answer.astype(np.float32),
-                     np.full(n, 0.5 / m, dtype=np.float32))
+    return TaskBatch(_with_query(tok, query), target, answer.astype(np.float32), np.full(n, 0.5 / m, dtype=np.float32))
 
 
-def _prefix_fractions(tokens: np.ndarray, push_ids: tuple[int, int],
-                      pop_ids: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _prefix_fractions(
+    tokens: np.ndarray, push_ids: tuple[int, int], pop_ids: tuple[int, int]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per prefix: the fraction of live pushes with bit 1 (push id push_ids[1]), tolerance 0.5 / depth,
     valid where the stack is non-empty. Other tokens (observations, queries) leave the stack alone."""
     shape = tokens.shape
@@ -255,12 +261,20 @@ class ScopeTask(Task):
         target = np.zeros((n, steps + 1), dtype=bool)
         target[rows[ok], live_decl[rows[ok], qvar[ok]]] = True
         answer = value[rows, qvar] / (self.n_values - 1)
-        batch = TaskBatch(_with_query(tok, self.PRINT + qvar), target, answer.astype(np.float32),
-                          np.full(n, 0.5 / (self.n_values - 1), dtype=np.float32))
+        batch = TaskBatch(
+            _with_query(tok, self.PRINT + qvar),
+            target,
+            answer.astype(np.float32),
+            np.full(n, 0.5 / (self.n_values - 1), dtype=np.float32),
+        )
         if not ok.all():  # no open declaration at the end: redraw those rows
             sub = self.render(rng, sample_walk(rng, int((~ok).sum()), steps, m, self.other_weight), m)
-            for a, b in ((batch.tokens, sub.tokens), (batch.target, sub.target),
-                         (batch.answer, sub.answer), (batch.tolerance, sub.tolerance)):
+            for a, b in (
+                (batch.tokens, sub.tokens),
+                (batch.target, sub.target),
+                (batch.answer, sub.answer),
+                (batch.tolerance, sub.tolerance),
+            ):
                 a[~ok] = b
         return batch
 

@@ -50,8 +50,13 @@ def fpa_parametrisation(method: str, fpa_kwargs: dict | None = None) -> dict:
     with torch.no_grad():
         layer = make_attention(attention, 2, 1, head_dim=1, **{**kw, **config_layer_kwargs(fpa_kwargs or {})})
         beta0 = float(layer.beta[0])
-    out = dict(fpa_mode=layer.mode, fpa_walk_increment=layer.walk_increment, fpa_beta_activation=layer.beta_activation,
-               fpa_beta_init=round(beta0, 6), fpa_level_offset=layer.level_offset_kind or "none")
+    out = dict(
+        fpa_mode=layer.mode,
+        fpa_walk_increment=layer.walk_increment,
+        fpa_beta_activation=layer.beta_activation,
+        fpa_beta_init=round(beta0, 6),
+        fpa_level_offset=layer.level_offset_kind or "none",
+    )
     if layer.mode == "walk":
         out["fpa_walk_bias_init"] = float(layer.increment_proj.bias.detach()[0])
     if layer.level_offset is not None:
@@ -74,8 +79,15 @@ class PackedModels(nn.Module):
     """``n_models`` independent one-head models of one method. tokens (B, S, T) -> prediction (B, S).
     ``layer_kwargs`` override the method's ``make_attention`` keyword arguments."""
 
-    def __init__(self, method: str, n_models: int, vocab_size: int, dim: int, embed_dim: int = 16,
-                 layer_kwargs: dict | None = None):
+    def __init__(
+        self,
+        method: str,
+        n_models: int,
+        vocab_size: int,
+        dim: int,
+        embed_dim: int = 16,
+        layer_kwargs: dict | None = None,
+    ):
         super().__init__()
         check_method(method)
         if dim < 1:

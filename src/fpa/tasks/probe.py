@@ -30,7 +30,7 @@ def _bias(layer: AttentionBase, x: Tensor, T: int, last_only: bool) -> Tensor:
         return -layer.beta.float()[None, :, None, None] * pen
     if isinstance(layer, ForgettingAttention):
         c = torch.cumsum(F.logsigmoid(layer._per_head(layer.fgate_proj, x)), -1)
-        return c[..., -1 if last_only else 0:, None] - c[..., None, :]
+        return c[..., -1 if last_only else 0 :, None] - c[..., None, :]
     if isinstance(layer, SoftmaxAttention):
         rel = (torch.arange(T - 1 if last_only else 0, T)[:, None] - torch.arange(T)[None, :]).clamp(min=0).float()
         if layer.position == "alibi":
@@ -68,8 +68,8 @@ def attention_probs(layer: AttentionBase, x: Tensor, last_only: bool = False) ->
     q, k, v = qkv(layer, x)
     if last_only:
         q = q[..., -1:, :]
-    s = q @ k.transpose(-1, -2) * layer.head_dim ** -0.5 + _bias(layer, x, T, last_only)
-    causal = torch.ones(T, T, dtype=torch.bool).tril()[-q.shape[2]:]
+    s = q @ k.transpose(-1, -2) * layer.head_dim**-0.5 + _bias(layer, x, T, last_only)
+    causal = torch.ones(T, T, dtype=torch.bool).tril()[-q.shape[2] :]
     return torch.softmax(s.masked_fill(~causal, float("-inf")), -1), v
 
 

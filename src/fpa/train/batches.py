@@ -22,17 +22,26 @@ class StepBatches:
     with probability ``mix_rate`` a window is replaced by ``mixer(rng, seq_len, tokenizer)``, ``rng``
     seeded per sequence from the step's generator."""
 
-    def __init__(self, shards: TokenShards, seq_len: int, batch_size: int, seed: int,
-                 mixer: Mixer | None = None, mix_rate: float = 0.0, tokenizer=None):
+    def __init__(
+        self,
+        shards: TokenShards,
+        seq_len: int,
+        batch_size: int,
+        seed: int,
+        mixer: Mixer | None = None,
+        mix_rate: float = 0.0,
+        tokenizer=None,
+    ):
         if len(shards) < seq_len + 2:
-            raise ValueError(f"seq_len ({seq_len}) needs a split of at least {seq_len + 2} tokens; "
-                             f"the train split has {len(shards)}")
+            raise ValueError(
+                f"seq_len ({seq_len}) needs a split of at least {seq_len + 2} tokens; the train split has {len(shards)}"
+            )
         self.shards, self.seq_len, self.batch_size, self.seed = shards, seq_len, batch_size, seed
         self.mixer, self.mix_rate, self.tokenizer = mixer, mix_rate, tokenizer
 
     def _sequence(self, start: int, mixed: bool, sample_seed: int) -> np.ndarray:
         if not mixed:
-            return self.shards[start: start + self.seq_len + 1]
+            return self.shards[start : start + self.seq_len + 1]
         sample = np.asarray(self.mixer(np.random.default_rng(sample_seed), self.seq_len, self.tokenizer))
         if sample.shape != (self.seq_len + 1,):
             raise ValueError(f"mix task sample must have shape ({self.seq_len + 1},), got {sample.shape}")

@@ -68,11 +68,15 @@ def load_checkpoint(path: str | Path) -> dict:
         raise ValueError(f"checkpoint {path} is missing")
     data = path.read_bytes()
     if len(data) != expected_bytes:
-        raise ValueError(f"checkpoint {path} is truncated or corrupt: {len(data)} bytes, expected {expected_bytes}. "
-                         f"Delete it (and {side_path.name}) to resume from the previous checkpoint.")
+        raise ValueError(
+            f"checkpoint {path} is truncated or corrupt: {len(data)} bytes, expected {expected_bytes}. "
+            f"Delete it (and {side_path.name}) to resume from the previous checkpoint."
+        )
     if hashlib.sha256(data).hexdigest() != expected_hash:
-        raise ValueError(f"checkpoint {path} is corrupt: sha256 mismatch. "
-                         f"Delete it (and {side_path.name}) to resume from the previous checkpoint.")
+        raise ValueError(
+            f"checkpoint {path} is corrupt: sha256 mismatch. "
+            f"Delete it (and {side_path.name}) to resume from the previous checkpoint."
+        )
     try:
         return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as e:  # unpickling errors come in many types

@@ -47,7 +47,7 @@ HELP = {
     "live_reg": "weight of the live-fraction regularizer (fpa.train.regularizers; 0: off; FPA models only)",
     "live_reg_tau": "eviction threshold whose soft kept fraction the live-fraction regularizer penalises",
     "evict_tau": "train with FPA's eviction rule in the loop: mask a key once beta * dip > EVICT_TAU, as "
-                 "FPAEviction(EVICT_TAU) evicts it when decoding (FPA models only; default: off)",
+    "FPAEviction(EVICT_TAU) evicts it when decoding (FPA models only; default: off)",
     "evict_from_step": "first step trained under --evict-tau (before it, attention as usual)",
 }
 
@@ -84,21 +84,37 @@ def _train_flags(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--config", help="JSON or YAML file of TrainConfig settings (flags override it)")
     p.add_argument("--out-dir", help="run folder: checkpoints, metrics.jsonl, model/ (resumes if it has checkpoints)")
-    p.add_argument("--data-source", nargs="+",
-                   help="corpus to prepare on the fly: stdlib | file | folder | glob | hf:NAME[:CONFIG]")
-    p.add_argument("--model-overrides", type=_json_dict,
-                   help='JSON object of FPAConfig fields, e.g. \'{"hidden_size": 64}\' (unknown keys are an error)')
+    p.add_argument(
+        "--data-source",
+        nargs="+",
+        help="corpus to prepare on the fly: stdlib | file | folder | glob | hf:NAME[:CONFIG]",
+    )
+    p.add_argument(
+        "--model-overrides",
+        type=_json_dict,
+        help="JSON object of FPAConfig fields, e.g. '{\"hidden_size\": 64}' (unknown keys are an error)",
+    )
     p.add_argument("--no-progress", dest="progress", action="store_const", const=False, help="no progress bar")
-    p.add_argument("--no-verify-data", dest="verify_data", action="store_const", const=False,
-                   help="skip the sha256 check of the shards at start (sizes are still checked)")
+    p.add_argument(
+        "--no-verify-data",
+        dest="verify_data",
+        action="store_const",
+        const=False,
+        help="skip the sha256 check of the shards at start (sizes are still checked)",
+    )
     p.add_argument("--tensorboard", action="store_const", const=True, help="also log to TensorBoard (if installed)")
     for f in fields(TrainConfig):
         if f.name in _SPECIAL:
             continue
         default = f.default
         kind = _NONE_DEFAULT_TYPES.get(f.name) or {int: int, float: float}.get(type(default), str)
-        p.add_argument("--" + f.name.replace("_", "-"), type=kind, default=None, choices=_choices(f.name),
-                       help=f"{HELP.get(f.name, f'TrainConfig.{f.name}')} (default {default!r})")
+        p.add_argument(
+            "--" + f.name.replace("_", "-"),
+            type=kind,
+            default=None,
+            choices=_choices(f.name),
+            help=f"{HELP.get(f.name, f'TrainConfig.{f.name}')} (default {default!r})",
+        )
 
 
 def _run_train(args: argparse.Namespace) -> int:
@@ -142,24 +158,46 @@ def _run_prepare(args: argparse.Namespace) -> int:
 
     writable_dir(args.out_dir, "--out-dir")
     source = args.source[0] if len(args.source) == 1 else args.source
-    out = prepare_corpus(source, args.out_dir, tokenizer=args.tokenizer, vocab_size=args.vocab_size,
-                         val_fraction=args.val_fraction, seed=args.seed, max_bytes=args.max_bytes,
-                         overwrite=args.overwrite)
+    out = prepare_corpus(
+        source,
+        args.out_dir,
+        tokenizer=args.tokenizer,
+        vocab_size=args.vocab_size,
+        val_fraction=args.val_fraction,
+        seed=args.seed,
+        max_bytes=args.max_bytes,
+        overwrite=args.overwrite,
+    )
     meta = read_meta(out)
-    print(json.dumps({"out_dir": str(out), "tokenizer": meta["tokenizer"], "vocab_size": meta["vocab_size"],
-                      "documents": meta["documents"], "tokens": meta["tokens"]}, indent=1))
+    print(
+        json.dumps(
+            {
+                "out_dir": str(out),
+                "tokenizer": meta["tokenizer"],
+                "vocab_size": meta["vocab_size"],
+                "documents": meta["documents"],
+                "tokens": meta["tokens"],
+            },
+            indent=1,
+        )
+    )
     return 0
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("train", help="train a language model (one process, or torchrun for DDP/FSDP2)",
-                              description="Train an FPA/FoX/softmax language model; resumes from out_dir's latest "
-                                          "checkpoint.")
+    p = subparsers.add_parser(
+        "train",
+        help="train a language model (one process, or torchrun for DDP/FSDP2)",
+        description="Train an FPA/FoX/softmax language model; resumes from out_dir's latest checkpoint.",
+    )
     _train_flags(p)
     p.set_defaults(func=_run_train)
 
-    q = subparsers.add_parser("prepare-data", help="tokenize a corpus into memory-mapped token shards",
-                              description="Tokenize a corpus into out_dir (train/val shards, tokenizer, meta.json).")
+    q = subparsers.add_parser(
+        "prepare-data",
+        help="tokenize a corpus into memory-mapped token shards",
+        description="Tokenize a corpus into out_dir (train/val shards, tokenizer, meta.json).",
+    )
     q.add_argument("source", nargs="+", help="stdlib | file | folder | glob | hf:NAME[:CONFIG] (several allowed)")
     q.add_argument("--out-dir", required=True, help="folder for the shards, tokenizer and meta.json")
     q.add_argument("--tokenizer", default="byte", choices=("byte", "bpe"), help="byte (257 ids) or a BPE trained here")

@@ -64,8 +64,17 @@ class TrainConfig:
         self.out_dir = str(self.out_dir)
         if self.data_dir is not None:
             self.data_dir = str(self.data_dir)
-        for name in ("seq_len", "batch_size", "grad_accum", "steps", "ckpt_every", "keep_checkpoints",
-                     "log_every", "eval_every", "eval_batches"):
+        for name in (
+            "seq_len",
+            "batch_size",
+            "grad_accum",
+            "steps",
+            "ckpt_every",
+            "keep_checkpoints",
+            "log_every",
+            "eval_every",
+            "eval_batches",
+        ):
             val = getattr(self, name)
             if not isinstance(val, int) or isinstance(val, bool) or val <= 0:
                 raise ValueError(f"{name} must be a positive int, got {val!r}")
@@ -77,15 +86,21 @@ class TrainConfig:
             val = getattr(self, name)
             bad = isinstance(val, bool) or not isinstance(val, (int, float)) or val < 0
             if bad or (name == "live_reg_tau" and val == 0):
-                raise ValueError(f"{name} must be a {'positive' if name == 'live_reg_tau' else 'non-negative'} "
-                                 f"number, got {val!r}")
+                raise ValueError(
+                    f"{name} must be a {'positive' if name == 'live_reg_tau' else 'non-negative'} number, got {val!r}"
+                )
         if self.evict_tau is not None:
-            if isinstance(self.evict_tau, bool) or not isinstance(self.evict_tau, (int, float)) \
-                    or not math.isfinite(self.evict_tau) or self.evict_tau < 0:
+            if (
+                isinstance(self.evict_tau, bool)
+                or not isinstance(self.evict_tau, (int, float))
+                or not math.isfinite(self.evict_tau)
+                or self.evict_tau < 0
+            ):
                 raise ValueError(f"evict_tau must be a finite number >= 0 or None, got {self.evict_tau!r}")
             if self.attention != "fpa":
-                raise ValueError(f"evict_tau needs attention='fpa' (it applies FPA's eviction rule), got "
-                                 f"{self.attention!r}")
+                raise ValueError(
+                    f"evict_tau needs attention='fpa' (it applies FPA's eviction rule), got {self.attention!r}"
+                )
         elif self.evict_from_step:
             raise ValueError(f"evict_from_step is {self.evict_from_step} but evict_tau is not set")
         if self.live_reg > 0 and self.attention != "fpa":
@@ -93,8 +108,9 @@ class TrainConfig:
         for name in ("lr", "weight_decay", "grad_clip"):
             val = getattr(self, name)
             if not isinstance(val, (int, float)) or val < 0 or (name == "lr" and val == 0):
-                raise ValueError(f"{name} must be a {'positive' if name == 'lr' else 'non-negative'} number, got "
-                                 f"{val!r}")
+                raise ValueError(
+                    f"{name} must be a {'positive' if name == 'lr' else 'non-negative'} number, got {val!r}"
+                )
         for name in ("min_lr_ratio", "mix_rate", "beta1", "beta2"):
             val = getattr(self, name)
             if not isinstance(val, (int, float)) or not 0 <= val <= 1:
@@ -105,8 +121,9 @@ class TrainConfig:
         if self.batch_size % self.grad_accum:
             raise ValueError(f"batch_size ({self.batch_size}) must be a multiple of grad_accum ({self.grad_accum})")
         if self.mix_rate > 0 and not self.mix_task:
-            raise ValueError(f"mix_rate is {self.mix_rate} but mix_task is not set; name a task from "
-                             f"fpa.tasks.TASK_MIXERS")
+            raise ValueError(
+                f"mix_rate is {self.mix_rate} but mix_task is not set; name a task from fpa.tasks.TASK_MIXERS"
+            )
         if self.data_dir is None and self.data_source is None:
             raise ValueError("set data_dir (a prepared folder) or data_source (to prepare on the fly)")
         if not isinstance(self.model_overrides, dict):
@@ -144,8 +161,9 @@ class TrainConfig:
         if "num_attention_heads" in over and "num_key_value_heads" not in over:
             over["num_key_value_heads"] = over["num_attention_heads"]  # the preset's kv heads may not divide
         if over["vocab_size"] < vocab_size:
-            raise ValueError(f"model_overrides vocab_size ({over['vocab_size']}) is smaller than the tokenizer's "
-                             f"({vocab_size})")
+            raise ValueError(
+                f"model_overrides vocab_size ({over['vocab_size']}) is smaller than the tokenizer's ({vocab_size})"
+            )
         return FPAConfig.from_preset(self.preset, attention=self.attention, fpa_mode=self.fpa_mode, **over)
 
     def to_dict(self) -> dict:

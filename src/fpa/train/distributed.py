@@ -95,8 +95,10 @@ def full_state(model: nn.Module, opt: torch.optim.Optimizer, d: Dist) -> tuple[d
         return get_state_dict(model, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     msd = full_model_state(model, d)
     osd = opt.state_dict()
-    osd = {"state": {k: {n: _cpu(t) for n, t in s.items()} for k, s in osd["state"].items()},
-           "param_groups": osd["param_groups"]}
+    osd = {
+        "state": {k: {n: _cpu(t) for n, t in s.items()} for k, s in osd["state"].items()},
+        "param_groups": osd["param_groups"],
+    }
     return msd, osd
 
 
@@ -104,8 +106,9 @@ def load_full_state(model: nn.Module, opt: torch.optim.Optimizer, msd: dict, osd
     if d.parallel == "fsdp":
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
-        set_state_dict(model, opt, model_state_dict=msd, optim_state_dict=osd,
-                       options=StateDictOptions(full_state_dict=True))
+        set_state_dict(
+            model, opt, model_state_dict=msd, optim_state_dict=osd, options=StateDictOptions(full_state_dict=True)
+        )
         return
     unwrap(model).load_state_dict(msd)
     opt.load_state_dict(osd)

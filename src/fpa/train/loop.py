@@ -25,8 +25,22 @@ from fpa.train.schedule import lr_at
 
 MODEL_DIR = "model"
 # settings a checkpoint must share with the run that resumes it (they define the model or the data stream)
-RESUME_KEYS = ("preset", "attention", "fpa_mode", "model_overrides", "seed", "batch_size", "seq_len", "tokenizer",
-               "mix_task", "mix_rate", "live_reg", "live_reg_tau", "evict_tau", "evict_from_step")
+RESUME_KEYS = (
+    "preset",
+    "attention",
+    "fpa_mode",
+    "model_overrides",
+    "seed",
+    "batch_size",
+    "seq_len",
+    "tokenizer",
+    "mix_task",
+    "mix_rate",
+    "live_reg",
+    "live_reg_tau",
+    "evict_tau",
+    "evict_from_step",
+)
 
 
 def resolve_data(cfg: TrainConfig, d: D.Dist) -> Path:
@@ -35,8 +49,14 @@ def resolve_data(cfg: TrainConfig, d: D.Dist) -> Path:
         return Path(cfg.data_dir)
     data_dir = Path(cfg.out_dir) / "data"
     if d.is_main:
-        prepare_corpus(cfg.data_source, data_dir, tokenizer=cfg.tokenizer, vocab_size=cfg.vocab_size,
-                       seed=cfg.seed, max_bytes=cfg.max_bytes)
+        prepare_corpus(
+            cfg.data_source,
+            data_dir,
+            tokenizer=cfg.tokenizer,
+            vocab_size=cfg.vocab_size,
+            seed=cfg.seed,
+            max_bytes=cfg.max_bytes,
+        )
     if d.world_size > 1:
         torch.distributed.barrier()
     return data_dir
@@ -52,11 +72,11 @@ def _autocast(cfg: TrainConfig, d: D.Dist):
 @torch.no_grad()
 def evaluate(model: nn.Module, val: TokenShards, cfg: TrainConfig, d: D.Dist, micro: int) -> float:
     """Mean next-token loss over ``eval_batches * batch_size`` fixed held-out windows (all ranks)."""
-    starts = eval_windows(val, cfg.seq_len, cfg.eval_batches * cfg.batch_size)[d.rank::d.world_size]
+    starts = eval_windows(val, cfg.seq_len, cfg.eval_batches * cfg.batch_size)[d.rank :: d.world_size]
     model.eval()
     total, count = 0.0, 0
     for i in range(0, len(starts), micro):
-        x = torch.stack([torch.from_numpy(val[s: s + cfg.seq_len + 1]) for s in starts[i: i + micro]]).to(d.device)
+        x = torch.stack([torch.from_numpy(val[s : s + cfg.seq_len + 1]) for s in starts[i : i + micro]]).to(d.device)
         with _autocast(cfg, d):
             tok = model(input_ids=x, labels=x, return_per_token_loss=True).per_token_loss
         total, count = total + tok.float().sum().item(), count + tok.numel()
@@ -71,8 +91,10 @@ def check_resumable(saved: dict, cfg: TrainConfig, ckpt: Path) -> None:
     defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}  # keys older checkpoints lack
     diff = {k: (saved.get(k, defaults[k]), now[k]) for k in RESUME_KEYS if saved.get(k, defaults[k]) != now[k]}
     if diff:
-        raise ValueError(f"cannot resume from {ckpt}: settings differ (checkpoint, now): {diff}; "
-                         "use another out_dir or the checkpoint's settings")
+        raise ValueError(
+            f"cannot resume from {ckpt}: settings differ (checkpoint, now): {diff}; "
+            "use another out_dir or the checkpoint's settings"
+        )
 
 
 def _mixer(cfg: TrainConfig):
@@ -83,8 +105,7 @@ def _mixer(cfg: TrainConfig):
     return get_mixer(cfg.mix_task)
 
 
-def _train_step(model, opt, batches: StepBatches, step: int, cfg: TrainConfig, d: D.Dist, micro: int,
-                reg=None) -> dict:
+def _train_step(model, opt, batches: StepBatches, step: int, cfg: TrainConfig, d: D.Dist, micro: int, reg=None) -> dict:
     """One optimizer step over the global batch; returns the step's record (loss is the global mean)."""
     lr = lr_at(step, cfg.lr, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio)
     for g in opt.param_groups:
@@ -110,8 +131,13 @@ def _train_step(model, opt, batches: StepBatches, step: int, cfg: TrainConfig, d
     opt.zero_grad(set_to_none=True)
     loss_sum, n_mixed = D.all_reduce_sum([loss_sum, float(n_mixed)], d)
     gn = gnorm.full_tensor() if hasattr(gnorm, "full_tensor") else gnorm
-    return {"step": step + 1, "loss": loss_sum / (cfg.grad_accum * d.world_size), "lr": lr,
-            "grad_norm": float(gn), "mixed": int(n_mixed)}
+    return {
+        "step": step + 1,
+        "loss": loss_sum / (cfg.grad_accum * d.world_size),
+        "lr": lr,
+        "grad_norm": float(gn),
+        "mixed": int(n_mixed),
+    }
 
 
 def _save_final(model, cfg: TrainConfig, d: D.Dist, data_dir: Path, summary: dict) -> Path:
@@ -132,10 +158,16 @@ def _save_final(model, cfg: TrainConfig, d: D.Dist, data_dir: Path, summary: dic
         final.save_pretrained(out)
         tok.save(out)
         save_hf_tokenizer(tok, out)  # tokenizer.json + tokenizer_config.json: AutoTokenizer loads the folder
-        atomic_write_text(out / "training.json", json.dumps({"config": cfg.to_dict(), "data_dir": str(data_dir),
-                                                             "summary": summary}, indent=1) + "\n")
-        write_model_card(out, final.config, {**summary, "tokenizer": tok.kind},
-                         n_parameters=sum(p.numel() for p in final.parameters()))
+        atomic_write_text(
+            out / "training.json",
+            json.dumps({"config": cfg.to_dict(), "data_dir": str(data_dir), "summary": summary}, indent=1) + "\n",
+        )
+        write_model_card(
+            out,
+            final.config,
+            {**summary, "tokenizer": tok.kind},
+            n_parameters=sum(p.numel() for p in final.parameters()),
+        )
     return out
 
 
@@ -155,8 +187,19 @@ def _checkpoint(out: Path, step: int, model: nn.Module, opt, cfg: TrainConfig, d
     """Gather the full state (all ranks) and write checkpoint ``step`` (rank 0)."""
     msd, osd = D.full_state(model, opt, d)
     if d.is_main:
-        save_checkpoint(out, step, {"step": step, "model": msd, "optimizer": osd, "config": cfg.to_dict(),
-                                    "torch_rng": torch.get_rng_state(), "record": rec}, keep=cfg.keep_checkpoints)
+        save_checkpoint(
+            out,
+            step,
+            {
+                "step": step,
+                "model": msd,
+                "optimizer": osd,
+                "config": cfg.to_dict(),
+                "torch_rng": torch.get_rng_state(),
+                "record": rec,
+            },
+            keep=cfg.keep_checkpoints,
+        )
 
 
 def train(cfg: TrainConfig, on_step: Callable[[dict], None] | None = None) -> dict:
@@ -241,10 +284,18 @@ def _run(cfg: TrainConfig, d: D.Dist, on_step) -> dict:
     if val_loss is None:
         val_loss = evaluate(model, val_shards, cfg, d, micro)
     ran = cfg.steps - start
-    summary = {"steps": cfg.steps, "resumed_from": start, "final_train_loss": rec["loss"] if rec else None,
-               "val_loss": val_loss, "tokens_per_s": ran * tokens_per_step / train_time if train_time else None,
-               "train_tokens": cfg.steps * tokens_per_step, "out_dir": str(out), "data_dir": str(data_dir),
-               "model_dir": str(out / MODEL_DIR), "metrics": str(out / "metrics.jsonl"),
-               "checkpoint": str(latest_checkpoint(out))}
+    summary = {
+        "steps": cfg.steps,
+        "resumed_from": start,
+        "final_train_loss": rec["loss"] if rec else None,
+        "val_loss": val_loss,
+        "tokens_per_s": ran * tokens_per_step / train_time if train_time else None,
+        "train_tokens": cfg.steps * tokens_per_step,
+        "out_dir": str(out),
+        "data_dir": str(data_dir),
+        "model_dir": str(out / MODEL_DIR),
+        "metrics": str(out / "metrics.jsonl"),
+        "checkpoint": str(latest_checkpoint(out)),
+    }
     _save_final(model, cfg, d, data_dir, summary)
     return summary

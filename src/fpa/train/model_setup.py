@@ -40,8 +40,10 @@ def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     for p in model.parameters():
         if p.requires_grad:
             buckets.setdefault((p.dim() >= 2, multiplier.get(id(p), 1.0)), []).append(p)
-    return [{"params": ps, "weight_decay": weight_decay if decay else 0.0, "lr_multiplier": mult}
-            for (decay, mult), ps in sorted(buckets.items(), key=lambda kv: (not kv[0][0], -kv[0][1]))]
+    return [
+        {"params": ps, "weight_decay": weight_decay if decay else 0.0, "lr_multiplier": mult}
+        for (decay, mult), ps in sorted(buckets.items(), key=lambda kv: (not kv[0][0], -kv[0][1]))
+    ]
 
 
 def build_optimizer(model: nn.Module, cfg) -> torch.optim.AdamW:

@@ -17,5 +17,15 @@ from fpa.ops.cached.state import LayerInfo, LayerState
 from fpa.ops.cached.storage import PAD_BIG, PagedStore
 from fpa.ops.cached.weights import attention_weights, causal_block_mask, fpa_bias
 
-__all__ = ["PAD_BIG", "LayerInfo", "LayerState", "PagedStore", "alibi_past_bias", "attention_weights",
-           "cached_attention", "causal_block_mask", "fpa_bias", "fpa_past_bias"]
+__all__ = [
+    "PAD_BIG",
+    "LayerInfo",
+    "LayerState",
+    "PagedStore",
+    "alibi_past_bias",
+    "attention_weights",
+    "cached_attention",
+    "causal_block_mask",
+    "fpa_bias",
+    "fpa_past_bias",
+]

@@ -92,7 +92,8 @@ class FPAPastBias(PastBias):
         gone = (bias < -self.threshold).all(group_dim, keepdim=True)
         before = torch.zeros_like(gone)
         before.narrow(group_dim + 1, 1, gone.shape[group_dim + 1] - 1).copy_(
-            gone.narrow(group_dim + 1, 0, gone.shape[group_dim + 1] - 1))
+            gone.narrow(group_dim + 1, 0, gone.shape[group_dim + 1] - 1)
+        )
         return bias.masked_fill_(before, float("-inf"))
 
 
@@ -145,7 +146,7 @@ def _row_chunks(store: PagedStore, GT: int, D: int):
     table, nblk = store.table.long(), store.nblk.tolist()
     for r in range(store.R):
         for a in range(0, nblk[r], step):
-            yield r, table[r, a:min(nblk[r], a + step)]
+            yield r, table[r, a : min(nblk[r], a + step)]
 
 
 def _block_scores(store, qr, ids, bias, scale, T):
@@ -218,8 +219,9 @@ def past_attention(store: PagedStore, q: Tensor, scale: float, bias: PastBias | 
     return M.view(B, Hq, T), L.view(B, Hq, T), O.view(B, Hq, T, Dv)
 
 
-def past_weights(store: PagedStore, q: Tensor, scale: float, bias: PastBias | None, M: Tensor, L: Tensor,
-                 full: bool = True):
+def past_weights(
+    store: PagedStore, q: Tensor, scale: float, bias: PastBias | None, M: Tensor, L: Tensor, full: bool = True
+):
     """Normalised weights of the cached keys in pool layout given the final M, L (B, Hq, T) of the
     whole softmax (cached and new keys): (N, P, G, T) if ``full``, else the two per-slot sums
     TOVA/H2O record, (last (N, P): the last query's weight, mean over the G query heads;
@@ -275,8 +277,16 @@ def new_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, bias: Tensor, p
     return m, p.sum(-1), torch.matmul(p, vv), s
 
 
-def cached_attention(store: PagedStore, q: Tensor, k: Tensor, v: Tensor, scale: float, past_bias: PastBias | None,
-                     new_bias: Tensor, weights: str | None = None):
+def cached_attention(
+    store: PagedStore,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    scale: float,
+    past_bias: PastBias | None,
+    new_bias: Tensor,
+    weights: str | None = None,
+):
     """Attention of q (B, Hq, T, D) over the store (before the new keys are appended) and the new
     keys k, v (B, Hkv, T, D). Returns (o (B, Hq, T, Dv) in q's dtype, w_past, w_new). With
     ``weights`` "full" or "record", w_past is ``past_weights(..., full=weights == "full")`` and
@@ -304,4 +314,3 @@ def dense_weights(store: PagedStore, w_past: Tensor, w_new: Tensor) -> Tensor:
     C = d.shape[1]
     d = d.view(B, store.Hkv, C, store.groups, T).permute(0, 1, 3, 4, 2).reshape(B, Hq, T, C)
     return torch.cat([d, w_new], -1)
-

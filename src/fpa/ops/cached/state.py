@@ -80,9 +80,11 @@ class LayerState:
             self.info = info
             self.store = PagedStore(info.groups, self.block_size)
         elif (info.kind, info.mode, info.groups) != (self.info.kind, self.info.mode, self.info.groups):
-            raise ValueError(f"this cache layer was filled by a {self.info.kind!r} attention layer "
-                             f"(mode={self.info.mode}, groups={self.info.groups}); it cannot serve a "
-                             f"{info.kind!r} layer (mode={info.mode}, groups={info.groups}): use a new FPACache")
+            raise ValueError(
+                f"this cache layer was filled by a {self.info.kind!r} attention layer "
+                f"(mode={self.info.mode}, groups={self.info.groups}); it cannot serve a "
+                f"{info.kind!r} layer (mode={info.mode}, groups={info.groups}): use a new FPACache"
+            )
 
     def _grouped(self, x: Tensor) -> Tensor:
         """(B, Hkv, ...) -> (B, Hq, ...) for per-query-head fields."""
@@ -104,8 +106,9 @@ class LayerState:
             return self.store[name]
         return like[:, :, :0]
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, past_bias, new_bias: Tensor, need_weights: bool = False,
-               **append_kw) -> tuple[Tensor, Tensor | None]:
+    def attend(
+        self, q: Tensor, k: Tensor, v: Tensor, past_bias, new_bias: Tensor, need_weights: bool = False, **append_kw
+    ) -> tuple[Tensor, Tensor | None]:
         """Attention of the T new queries q (B, Hq, T, D) over the cached keys and the new keys
         k, v (B, Hkv, T, D), then ``append(k, v, **append_kw)``. past_bias: a fpa.ops.cached.paged
         bias for the cached keys (or None); new_bias broadcastable to (B, Hq, T, T) (-inf where
@@ -130,8 +133,16 @@ class LayerState:
         self.append(k, v, weights=new_w, **append_kw)
         return o, w
 
-    def append(self, k: Tensor, v: Tensor, field: Tensor | None = None, level: Tensor | None = None,
-               pos: Tensor | None = None, mask: Tensor | None = None, weights: dict | None = None) -> None:
+    def append(
+        self,
+        k: Tensor,
+        v: Tensor,
+        field: Tensor | None = None,
+        level: Tensor | None = None,
+        pos: Tensor | None = None,
+        mask: Tensor | None = None,
+        weights: dict | None = None,
+    ) -> None:
         """Store T new keys k, v (B, Hkv, T, D). field/level (B, Hq, T) (FPA/FoX; +PAD_BIG at padding
         positions) also update every pm_j <- min(pm_j, min field). pos (B, T): positions (default
         ``positions``); mask (B, T) bool: False for padding tokens, stored as invalid slots;

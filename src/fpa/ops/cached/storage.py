@@ -157,7 +157,7 @@ class PagedStore:
         if cols > self.table.shape[1]:
             grown = max(cols, int(self.table.shape[1] * (1 + self.growth)) + 1)
             t = self.table.new_full((self.R, grown), -1)
-            t[:, :self.table.shape[1]] = self.table
+            t[:, : self.table.shape[1]] = self.table
             self.table = t
         ids, self.free = self.free[-total:], self.free[:-total]
         rows = torch.repeat_interleave(torch.arange(self.R, device=need.device), need)
@@ -302,8 +302,10 @@ class PagedStore:
             idx = self._slot_index(rows, s).masked_fill(s >= self.fill[:, None], -1)
             self.flat("valid")[idx[idx >= 0]] = False
         self.fill = self.fill.clamp(max=n)
-        self._release(torch.arange(self.R, device=self.owner.device),
-                      torch.div(self.fill + self.P - 1, self.P, rounding_mode="floor"))
+        self._release(
+            torch.arange(self.R, device=self.owner.device),
+            torch.div(self.fill + self.P - 1, self.P, rounding_mode="floor"),
+        )
 
     def select_rows(self, index: Tensor) -> None:
         """Reorder / select batch rows (beam search): rebuilt from the dense view."""
@@ -316,8 +318,11 @@ class PagedStore:
     # --- accounting -----------------------------------------------------------------------------
     def slot_bytes(self) -> int:
         """Bytes of one slot over every field (what one kept key costs)."""
-        return sum(x[0].numel() // self.P * x.element_size() for x in self.pool.values()) if self.num_blocks else \
-            sum(x.shape[2:].numel() * x.element_size() for x in self.pool.values())
+        return (
+            sum(x[0].numel() // self.P * x.element_size() for x in self.pool.values())
+            if self.num_blocks
+            else sum(x.shape[2:].numel() * x.element_size() for x in self.pool.values())
+        )
 
     def bytes_held(self) -> int:
         """Every allocated byte: pool (kept slots, holes, partial and free blocks), owner index,

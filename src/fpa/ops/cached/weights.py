@@ -25,8 +25,11 @@ def fpa_bias(field: Tensor, level: Tensor, past_min: Tensor, beta: Tensor | floa
     """
     Tq, Tk = field.shape[-1], level.shape[-1]
     # a number stays a Python float: torch.as_tensor of it on an accelerator is a host-to-device copy (a sync)
-    b = float(beta) if not torch.is_tensor(beta) else beta.to(device=field.device, dtype=torch.float32).reshape(-1)[
-        None, :, None, None]
+    b = (
+        float(beta)
+        if not torch.is_tensor(beta)
+        else beta.to(device=field.device, dtype=torch.float32).reshape(-1)[None, :, None, None]
+    )
     bias = -b * penalty(field.float(), level.float(), Tq, past_min.float())
     return bias.masked_fill(~causal_block_mask(Tq, Tk, field.device), float("-inf"))
 

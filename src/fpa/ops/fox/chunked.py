@@ -27,14 +27,27 @@ class _FoXChunkBias:
     def rows_forward(self, S: Tensor, lse: Tensor, r0: int, r1: int, scale: float) -> None:
         cpu_kernels.fox_rows(S, None, lse, None, self.cum_rows, self.Tq, r0, r1, scale)
 
-    def whole(self, q5: Tensor, k: Tensor, v: Tensor, out: Tensor | None, dout: Tensor | None, lse: Tensor,
-              delta: Tensor | None, grads: tuple | None, chunk: int, scale: float, want: bool) -> None:
+    def whole(
+        self,
+        q5: Tensor,
+        k: Tensor,
+        v: Tensor,
+        out: Tensor | None,
+        dout: Tensor | None,
+        lse: Tensor,
+        delta: Tensor | None,
+        grads: tuple | None,
+        chunk: int,
+        scale: float,
+        want: bool,
+    ) -> None:
         dq, dk, dv = grads if grads is not None else (None, None, None)
         dcum = self.dcum.view(-1, self.dcum.shape[-1]) if want else None
         cpu_kernels.fox_whole(q5, k, v, out, dout, lse, delta, dq, dk, dv, self.cum_rows, chunk, scale, dcum)
 
-    def rows_backward(self, S: Tensor, dP: Tensor, lse: Tensor, delta: Tensor, r0: int, r1: int, scale: float,
-                      want: bool) -> None:
+    def rows_backward(
+        self, S: Tensor, dP: Tensor, lse: Tensor, delta: Tensor, r0: int, r1: int, scale: float, want: bool
+    ) -> None:
         dcum = self.dcum.view(-1, self.dcum.shape[-1]) if want else None
         cpu_kernels.fox_rows(S, dP, lse, delta, self.cum_rows, self.Tq, r0, r1, scale, dcum)
 
@@ -74,8 +87,18 @@ def _(q, k, v, log_fgate, scale, chunk):
 
 
 @torch.library.custom_op("fpa::fox_chunked_backward", mutates_args=())
-def _backward_op(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, log_fgate: Tensor, out: Tensor, lse: Tensor,
-                 scale: float, chunk: int, want: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _backward_op(
+    dout: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    log_fgate: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    scale: float,
+    chunk: int,
+    want: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """-> dq, dk, dv, dlog_fgate (zero unless want) in the inputs' dtypes."""
     dt = out.dtype
     B, Hq, Tq, D = q.shape
@@ -85,8 +108,16 @@ def _backward_op(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, log_fgate: Tenso
     bias = _FoXChunkBias(cum, Tq, want)
     do5 = dout.to(dt).reshape(B, Hkv, G, Tq, -1)
     dq, dk, dv = chunked_backward(
-        q.to(dt).reshape(B, Hkv, G, Tq, D), k.to(dt), v.to(dt), out.reshape(do5.shape), lse.reshape(do5.shape[:-1]),
-        do5, scale, bias, chunk, want,
+        q.to(dt).reshape(B, Hkv, G, Tq, D),
+        k.to(dt),
+        v.to(dt),
+        out.reshape(do5.shape),
+        lse.reshape(do5.shape[:-1]),
+        do5,
+        scale,
+        bias,
+        chunk,
+        want,
     )
     if want:
         # d/dlogf_u = sum_{t >= u} dcum_t
@@ -98,8 +129,10 @@ def _backward_op(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, log_fgate: Tenso
 
 @_backward_op.register_fake
 def _(dout, q, k, v, log_fgate, out, lse, scale, chunk, want):
-    return tuple(x.new_empty(x.shape) for x in  # contiguous, like the real outputs
-                  (q, k, v, log_fgate))
+    return tuple(
+        x.new_empty(x.shape)
+        for x in (q, k, v, log_fgate)  # contiguous, like the real outputs
+    )
 
 
 def _setup_context(ctx, inputs, output) -> None:

@@ -47,21 +47,35 @@ class _FPAChunkBias:
         f, pm, lv = self.rows
         cpu_kernels.fpa_rows(S, None, lse, None, f, pm, lv, self.beta_h, self.beta_h.shape[0], r0, r1, scale)
 
-    def rows_backward(self, S: Tensor, dP: Tensor, lse: Tensor, delta: Tensor, r0: int, r1: int, scale: float,
-                      want: bool) -> None:
+    def rows_backward(
+        self, S: Tensor, dP: Tensor, lse: Tensor, delta: Tensor, r0: int, r1: int, scale: float, want: bool
+    ) -> None:
         f, pm, lv = self.rows
         grads = None
         if want:
             grads = (self.dvirtual.view(lv.shape[0], -1), self.dlevel.view(lv.shape), self.dbeta_bh)
         cpu_kernels.fpa_rows(S, dP, lse, delta, f, pm, lv, self.beta_h, self.beta_h.shape[0], r0, r1, scale, grads)
 
-    def whole(self, q5: Tensor, k: Tensor, v: Tensor, out: Tensor | None, dout: Tensor | None, lse: Tensor,
-              delta: Tensor | None, grads: tuple | None, chunk: int, scale: float, want: bool) -> None:
+    def whole(
+        self,
+        q5: Tensor,
+        k: Tensor,
+        v: Tensor,
+        out: Tensor | None,
+        dout: Tensor | None,
+        lse: Tensor,
+        delta: Tensor | None,
+        grads: tuple | None,
+        chunk: int,
+        scale: float,
+        want: bool,
+    ) -> None:
         f, pm, lv = self.rows
         dq, dk, dv = grads if grads is not None else (None, None, None)
         bias_grads = (self.dvirtual.view(lv.shape[0], -1), self.dlevel.view(lv.shape), self.dbeta_bh) if want else None
-        cpu_kernels.fpa_whole(q5, k, v, out, dout, lse, delta, dq, dk, dv, f, pm, lv, self.beta_h, chunk, scale,
-                              bias_grads)
+        cpu_kernels.fpa_whole(
+            q5, k, v, out, dout, lse, delta, dq, dk, dv, f, pm, lv, self.beta_h, chunk, scale, bias_grads
+        )
 
     def finish_grads(self) -> None:
         """Fold the fused path's per-(batch, head) beta gradient into dbeta (1, Hkv, G, 1, 1)."""
@@ -97,8 +111,11 @@ class _FPAChunkBias:
         # Local minima, built key-major (j, t) so the cummin runs along the contiguous last dim
         # (a cummin along dim -2 is several times slower on CPU); read back transposed as (i, j).
         after = torch.ones(c, c, dtype=torch.bool, device=chunk_field.device).triu(1)  # (j, t): t > j
-        x = torch.where(after, chunk_field[..., None, :], torch.full((), float("inf"), dtype=chunk_field.dtype,
-                                                                     device=chunk_field.device))
+        x = torch.where(
+            after,
+            chunk_field[..., None, :],
+            torch.full((), float("inf"), dtype=chunk_field.dtype, device=chunk_field.device),
+        )
         local_vals, local_idx = torch.cummin(x, dim=-1)
         local_vals, local_idx = local_vals.transpose(-1, -2), local_idx.transpose(-1, -2)
         m = torch.empty(*chunk_field.shape[:-1], c, K, dtype=chunk_field.dtype, device=chunk_field.device)
@@ -142,8 +159,17 @@ def _grouped(q: Tensor, k: Tensor, field: Tensor, past_min: Tensor, level: Tenso
 # Custom ops (not an autograd.Function): opaque to torch.compile, so a compiled model runs the
 # same kernels as eager, with no graph break and no recompilation (the shapes are symbolic).
 @torch.library.custom_op("fpa::chunked_forward", mutates_args=())
-def _forward_op(q: Tensor, k: Tensor, v: Tensor, field: Tensor, level: Tensor, past_min: Tensor, beta: Tensor,
-                scale: float, chunk: int) -> tuple[Tensor, Tensor]:
+def _forward_op(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    field: Tensor,
+    level: Tensor,
+    past_min: Tensor,
+    beta: Tensor,
+    scale: float,
+    chunk: int,
+) -> tuple[Tensor, Tensor]:
     """-> out (B, Hq, Tq, Dv) and lse (B, Hq, Tq), both in the math dtype (float32 or float64)."""
     dt = _math_dtype(q, field)
     B, Hq, Tq, _ = q.shape
@@ -161,9 +187,21 @@ def _(q, k, v, field, level, past_min, beta, scale, chunk):
 
 
 @torch.library.custom_op("fpa::chunked_backward", mutates_args=())
-def _backward_op(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, field: Tensor, level: Tensor, past_min: Tensor,
-                 beta: Tensor, out: Tensor, lse: Tensor, scale: float, chunk: int,
-                 bias_grad: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+def _backward_op(
+    dout: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    field: Tensor,
+    level: Tensor,
+    past_min: Tensor,
+    beta: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    scale: float,
+    chunk: int,
+    bias_grad: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """-> dq, dk, dv, dfield, dlevel, dpast_min, dbeta in the inputs' dtypes (the last four zero
     unless bias_grad)."""
     dt = out.dtype
@@ -189,8 +227,10 @@ def _backward_op(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, field: Tensor, l
 
 @_backward_op.register_fake
 def _(dout, q, k, v, field, level, past_min, beta, out, lse, scale, chunk, bias_grad):
-    return tuple(x.new_empty(x.shape) for x in  # contiguous, like the real outputs
-                  (q, k, v, field, level, past_min, beta))
+    return tuple(
+        x.new_empty(x.shape)
+        for x in (q, k, v, field, level, past_min, beta)  # contiguous, like the real outputs
+    )
 
 
 def _setup_context(ctx, inputs, output) -> None:

@@ -97,8 +97,13 @@ def fpa_flex(
             warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
             # detach: dispatch has checked that no gradient is needed (no backward on CPU)
             out = flex_attention(
-                q.detach().to(dt), k.detach().to(dt), v.detach().to(dt), score_mod=score_mod, block_mask=block_mask,
-                scale=scale, enable_gqa=Hq != Hkv
+                q.detach().to(dt),
+                k.detach().to(dt),
+                v.detach().to(dt),
+                score_mod=score_mod,
+                block_mask=block_mask,
+                scale=scale,
+                enable_gqa=Hq != Hkv,
             )
         return out.to(q.dtype)
     out = _compiled_flex()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=Hq != Hkv)

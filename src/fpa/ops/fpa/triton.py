@@ -74,8 +74,9 @@ class _Launch:
         self.q = q.reshape(B * Hq, Tq, D).contiguous()
         self.k = k.reshape(B * Hkv, Tk, D).contiguous()
         self.v = v.reshape(B * Hkv, Tk, Dv).contiguous()
-        rows = [x.reshape(B * Hq, n).to(self.acc).contiguous()
-                for x, n in ((field, Tq), (level, Tk), (past_min, Tk - Tq))]
+        rows = [
+            x.reshape(B * Hq, n).to(self.acc).contiguous() for x, n in ((field, Tq), (level, Tk), (past_min, Tk - Tq))
+        ]
         self.field, self.level = rows[0], rows[1]
         self.tiles = prep.field_tiles(rows[0], rows[2], rows[1], self.t, with_src)
         self.beta = beta.to(self.acc).contiguous()
@@ -88,8 +89,20 @@ class _Launch:
     def grid_args(self):
         """(prepared tensors..., scalars...) shared by all three kernels, after the tensor-specific ones."""
         tl_ = self.tiles
-        return (self.q, self.k, self.v, self.field, self.level, tl_.sfx, tl_.tmin, tl_.pref, tl_.minlvl, tl_.fq0,
-                self.thr, self.beta)
+        return (
+            self.q,
+            self.k,
+            self.v,
+            self.field,
+            self.level,
+            tl_.sfx,
+            tl_.tmin,
+            tl_.pref,
+            tl_.minlvl,
+            tl_.fq0,
+            self.thr,
+            self.beta,
+        )
 
     def scalars(self):
         B, Hq, Hkv, Tq, Tk, D, Dv = self.shape
@@ -157,8 +170,15 @@ class FPATritonFunction(torch.autograd.Function):
         L = _Launch(q, k, v, field, level, past_min, beta, *ctx.args, with_src=True)
         dq, dk, dv, dfield, dpast, dlevel, dbeta = _backward(L, out, lse, dout)
         cast = lambda g, x: g.reshape(x.shape).to(x.dtype)  # noqa: E731
-        grads = (cast(dq, q), cast(dk, k), cast(dv, v), cast(dfield, field), cast(dlevel, level),
-                 cast(dpast, past_min), cast(dbeta, beta))
+        grads = (
+            cast(dq, q),
+            cast(dk, k),
+            cast(dv, v),
+            cast(dfield, field),
+            cast(dlevel, level),
+            cast(dpast, past_min),
+            cast(dbeta, beta),
+        )
         return grads + (None, None, None)
 
 
@@ -193,8 +213,18 @@ def fpa_triton(
     return FPATritonFunction.apply(q, k, v, field, level, past_min, beta, scale, block, skip_tolerance)
 
 
-def skipped_tiles(q: Tensor, k: Tensor, v: Tensor, field: Tensor, level: Tensor, past_min: Tensor, beta: Tensor,
-                  scale: float, skip_tolerance: float | None, block: int | None = None) -> tuple[Tensor, Tensor]:
+def skipped_tiles(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    field: Tensor,
+    level: Tensor,
+    past_min: Tensor,
+    beta: Tensor,
+    scale: float,
+    skip_tolerance: float | None,
+    block: int | None = None,
+) -> tuple[Tensor, Tensor]:
     """Forward only, for tests and benchmarks: -> (out (B, Hq, Tq, Dv), skipped key tiles per query tile
     (B, Hq, nQ))."""
     block = default_block(q) if block is None else block

@@ -86,8 +86,9 @@ def _scores(q, kt, lvl, m, beta, scale, ok, ACC: tl.constexpr, PREC: tl.constexp
 
 
 @triton.jit
-def _query_tile(Q, PREF, BETA, FQ0, THR, m_idx, bh, Tq, Hq, G, nQ, D, BLOCK: tl.constexpr, BD: tl.constexpr,
-                ACC: tl.constexpr):
+def _query_tile(
+    Q, PREF, BETA, FQ0, THR, m_idx, bh, Tq, Hq, G, nQ, D, BLOCK: tl.constexpr, BD: tl.constexpr, ACC: tl.constexpr
+):
     """A query-tile program's inputs -> (kvbh, rows, rvalid, q, pref, beta, fq0, thr)."""
     kvbh = (bh // Hq) * (Hq // G) + (bh % Hq) // G
     rows = m_idx * BLOCK + tl.arange(0, BLOCK)
@@ -101,8 +102,25 @@ def _query_tile(Q, PREF, BETA, FQ0, THR, m_idx, bh, Tq, Hq, G, nQ, D, BLOCK: tl.
 
 
 @triton.jit
-def _diag_tile(q, Kb, LEVEL, FIELD, bh, m_idx, rows, Tq, Tk, beta, scale, D,
-               BLOCK: tl.constexpr, BD: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr):
+def _diag_tile(
+    q,
+    Kb,
+    LEVEL,
+    FIELD,
+    bh,
+    m_idx,
+    rows,
+    Tq,
+    Tk,
+    beta,
+    scale,
+    D,
+    BLOCK: tl.constexpr,
+    BD: tl.constexpr,
+    ACC: tl.constexpr,
+    PREC: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
     """The query tile's diagonal key tile -> (s, dip, kt, kj, kvalid, argmin of the in-tile minima)."""
     offs = tl.arange(0, BLOCK)
     kj = Tk - Tq + rows
@@ -116,8 +134,27 @@ def _diag_tile(q, Kb, LEVEL, FIELD, bh, m_idx, rows, Tq, Tk, beta, scale, D,
 
 
 @triton.jit
-def _off_tile(q, Kb, LEVEL, SFX, bh, n, pad, Tk, nK, mid, pref, beta, scale, D,
-              BLOCK: tl.constexpr, BD: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr):
+def _off_tile(
+    q,
+    Kb,
+    LEVEL,
+    SFX,
+    bh,
+    n,
+    pad,
+    Tk,
+    nK,
+    mid,
+    pref,
+    beta,
+    scale,
+    D,
+    BLOCK: tl.constexpr,
+    BD: tl.constexpr,
+    ACC: tl.constexpr,
+    PREC: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
     """Key tile n strictly before the query tile -> (s, dip, kt, kj, kvalid, sfx)."""
     offs = tl.arange(0, BLOCK)
     kj = n * BLOCK + offs - pad
@@ -132,21 +169,51 @@ def _off_tile(q, Kb, LEVEL, SFX, bh, n, pad, Tk, nK, mid, pref, beta, scale, D,
 
 @triton.jit
 def _fwd_kernel(
-    Q, K, V, FIELD, LEVEL, SFX, TMIN, PREF, MINLVL, FQ0, THR, BETA, OUT, LSE, NSKIP,
-    scale, Tq, Tk, pad, nP, nQ, nK, Hq, G, D, Dv,
-    BLOCK: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
-    ACC: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr,
+    Q,
+    K,
+    V,
+    FIELD,
+    LEVEL,
+    SFX,
+    TMIN,
+    PREF,
+    MINLVL,
+    FQ0,
+    THR,
+    BETA,
+    OUT,
+    LSE,
+    NSKIP,
+    scale,
+    Tq,
+    Tk,
+    pad,
+    nP,
+    nQ,
+    nK,
+    Hq,
+    G,
+    D,
+    Dv,
+    BLOCK: tl.constexpr,
+    BD: tl.constexpr,
+    BDV: tl.constexpr,
+    ACC: tl.constexpr,
+    PREC: tl.constexpr,
+    UPCAST: tl.constexpr,
 ):
     m_idx = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)  # int64 offsets: B*H*T*D may exceed 2**31
-    kvbh, rows, rvalid, q, pref, beta, fq0, thr = _query_tile(Q, PREF, BETA, FQ0, THR, m_idx, bh, Tq, Hq, G, nQ, D,
-                                                              BLOCK, BD, ACC)
+    kvbh, rows, rvalid, q, pref, beta, fq0, thr = _query_tile(
+        Q, PREF, BETA, FQ0, THR, m_idx, bh, Tq, Hq, G, nQ, D, BLOCK, BD, ACC
+    )
     Kb = K + kvbh * Tk * D
     Vb = V + kvbh * Tk * Dv
 
     # the diagonal tile first: every real row then has a finite running max
-    s, dip, kt, kj, kvalid, _arg = _diag_tile(q, Kb, LEVEL, FIELD, bh, m_idx, rows, Tq, Tk, beta, scale, D, BLOCK, BD,
-                                              ACC, PREC, UPCAST)
+    s, dip, kt, kj, kvalid, _arg = _diag_tile(
+        q, Kb, LEVEL, FIELD, bh, m_idx, rows, Tq, Tk, beta, scale, D, BLOCK, BD, ACC, PREC, UPCAST
+    )
     row_max = tl.max(s, 1)
     p = tl.exp(s - row_max[:, None])
     row_sum = tl.sum(p, 1)
@@ -162,8 +229,9 @@ def _fwd_kernel(
         if _skip(beta, minlvl, mid, fq0, thr):
             nskip += 1
         else:
-            s, dip, kt, kj, kvalid, _sfx = _off_tile(q, Kb, LEVEL, SFX, bh, n, pad, Tk, nK, mid, pref, beta, scale, D,
-                                                     BLOCK, BD, ACC, PREC, UPCAST)
+            s, dip, kt, kj, kvalid, _sfx = _off_tile(
+                q, Kb, LEVEL, SFX, bh, n, pad, Tk, nK, mid, pref, beta, scale, D, BLOCK, BD, ACC, PREC, UPCAST
+            )
             new_max = tl.maximum(row_max, tl.max(s, 1))
             alpha = tl.exp(row_max - new_max)
             p = tl.exp(s - new_max[:, None])
@@ -175,8 +243,11 @@ def _fwd_kernel(
 
     out = acc / row_sum[:, None]
     dv_offs = tl.arange(0, BDV)
-    tl.store(OUT + bh * Tq * Dv + rows[:, None] * Dv + dv_offs[None, :], out.to(OUT.dtype.element_ty),
-             mask=rvalid[:, None] & (dv_offs[None, :] < Dv))
+    tl.store(
+        OUT + bh * Tq * Dv + rows[:, None] * Dv + dv_offs[None, :],
+        out.to(OUT.dtype.element_ty),
+        mask=rvalid[:, None] & (dv_offs[None, :] < Dv),
+    )
     tl.store(LSE + bh * nQ * BLOCK + rows, row_max + tl.log(row_sum))
     tl.store(NSKIP + bh * nQ + m_idx, nskip)
 
@@ -191,18 +262,51 @@ def _probs_and_ds(s, lse, do, vt, delta, ACC: tl.constexpr, PREC: tl.constexpr, 
 
 @triton.jit
 def _bwd_dq_kernel(
-    Q, K, V, FIELD, LEVEL, SFX, TMIN, PREF, MINLVL, FQ0, THR, BETA, DO, LSE, DELTA,
-    DQ, DPREF, DDIAG, DTILE, DBETA,
-    scale, Tq, Tk, pad, nP, nQ, nK, Hq, G, D, Dv,
-    BLOCK: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
-    ACC: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr,
+    Q,
+    K,
+    V,
+    FIELD,
+    LEVEL,
+    SFX,
+    TMIN,
+    PREF,
+    MINLVL,
+    FQ0,
+    THR,
+    BETA,
+    DO,
+    LSE,
+    DELTA,
+    DQ,
+    DPREF,
+    DDIAG,
+    DTILE,
+    DBETA,
+    scale,
+    Tq,
+    Tk,
+    pad,
+    nP,
+    nQ,
+    nK,
+    Hq,
+    G,
+    D,
+    Dv,
+    BLOCK: tl.constexpr,
+    BD: tl.constexpr,
+    BDV: tl.constexpr,
+    ACC: tl.constexpr,
+    PREC: tl.constexpr,
+    UPCAST: tl.constexpr,
 ):
     """Per query tile: dq, the gradient reaching pref (per row) and mid (per tile minimum,
     atomically), the diagonal tile's in-tile minima routed to field positions, and dbeta's part."""
     m_idx = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)  # int64 offsets: B*H*T*D may exceed 2**31
-    kvbh, rows, rvalid, q, pref, beta, fq0, thr = _query_tile(Q, PREF, BETA, FQ0, THR, m_idx, bh, Tq, Hq, G, nQ, D,
-                                                              BLOCK, BD, ACC)
+    kvbh, rows, rvalid, q, pref, beta, fq0, thr = _query_tile(
+        Q, PREF, BETA, FQ0, THR, m_idx, bh, Tq, Hq, G, nQ, D, BLOCK, BD, ACC
+    )
     Lq = nQ * BLOCK
     offs = tl.arange(0, BLOCK)
     do = _load_rows(DO + bh * Tq * Dv, rows, rvalid, Dv, BDV)
@@ -211,8 +315,9 @@ def _bwd_dq_kernel(
     Kb = K + kvbh * Tk * D
     Vb = V + kvbh * Tk * Dv
 
-    s, dip, kt, kj, kvalid, arg = _diag_tile(q, Kb, LEVEL, FIELD, bh, m_idx, rows, Tq, Tk, beta, scale, D, BLOCK, BD,
-                                             ACC, PREC, UPCAST)
+    s, dip, kt, kj, kvalid, arg = _diag_tile(
+        q, Kb, LEVEL, FIELD, bh, m_idx, rows, Tq, Tk, beta, scale, D, BLOCK, BD, ACC, PREC, UPCAST
+    )
     p, ds = _probs_and_ds(s, lse, do, _load_t(Vb, kj, kvalid, Dv, BDV), delta, ACC, PREC, UPCAST)
     dq = _dot(ds.to(kt.dtype), tl.trans(kt), ACC, PREC, UPCAST)
     dbeta = -tl.sum(tl.sum(ds * dip, 1), 0)
@@ -231,8 +336,9 @@ def _bwd_dq_kernel(
         n = nd - 1 - it
         minlvl = tl.load(MINLVL + bh * nK + n).to(ACC)
         if ~_skip(beta, minlvl, mid, fq0, thr):
-            s, dip, kt, kj, kvalid, sfx = _off_tile(q, Kb, LEVEL, SFX, bh, n, pad, Tk, nK, mid, pref, beta, scale, D,
-                                                    BLOCK, BD, ACC, PREC, UPCAST)
+            s, dip, kt, kj, kvalid, sfx = _off_tile(
+                q, Kb, LEVEL, SFX, bh, n, pad, Tk, nK, mid, pref, beta, scale, D, BLOCK, BD, ACC, PREC, UPCAST
+            )
             p, ds = _probs_and_ds(s, lse, do, _load_t(Vb, kj, kvalid, Dv, BDV), delta, ACC, PREC, UPCAST)
             dq += _dot(ds.to(kt.dtype), tl.trans(kt), ACC, PREC, UPCAST)
             dbeta -= tl.sum(tl.sum(ds * dip, 1), 0)
@@ -251,19 +357,53 @@ def _bwd_dq_kernel(
     tl.atomic_add(DTILE + bh * nK + tl.maximum(mid_tile, 0), pending, mask=mid_tile >= 0)
 
     d_offs = tl.arange(0, BD)
-    tl.store(DQ + bh * Tq * D + rows[:, None] * D + d_offs[None, :], (dq * scale).to(DQ.dtype.element_ty),
-             mask=rvalid[:, None] & (d_offs[None, :] < D))
+    tl.store(
+        DQ + bh * Tq * D + rows[:, None] * D + d_offs[None, :],
+        (dq * scale).to(DQ.dtype.element_ty),
+        mask=rvalid[:, None] & (d_offs[None, :] < D),
+    )
     tl.store(DPREF + bh * Lq + rows, dpref)
     tl.store(DBETA + bh * nQ + m_idx, dbeta)
 
 
 @triton.jit
 def _bwd_dkdv_kernel(
-    Q, K, V, FIELD, LEVEL, SFX, TMIN, PREF, MINLVL, FQ0, THR, BETA, DO, LSE, DELTA,
-    DK, DV, DLEVEL, DSFX,
-    scale, Tq, Tk, pad, nP, nQ, nK, Hq, G, D, Dv,
-    BLOCK: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
-    ACC: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr,
+    Q,
+    K,
+    V,
+    FIELD,
+    LEVEL,
+    SFX,
+    TMIN,
+    PREF,
+    MINLVL,
+    FQ0,
+    THR,
+    BETA,
+    DO,
+    LSE,
+    DELTA,
+    DK,
+    DV,
+    DLEVEL,
+    DSFX,
+    scale,
+    Tq,
+    Tk,
+    pad,
+    nP,
+    nQ,
+    nK,
+    Hq,
+    G,
+    D,
+    Dv,
+    BLOCK: tl.constexpr,
+    BD: tl.constexpr,
+    BDV: tl.constexpr,
+    ACC: tl.constexpr,
+    PREC: tl.constexpr,
+    UPCAST: tl.constexpr,
 ):
     """Per key tile and key/value head (the G query heads of the group in a loop): dk, dv, dlevel,
     and the gradient reaching sfx (per key)."""
@@ -324,7 +464,13 @@ def _bwd_dkdv_kernel(
         tl.store(DSFX + bh * Lk + n * BLOCK + offs, dsfx)
     d_offs = tl.arange(0, BD)
     dv_offs = tl.arange(0, BDV)
-    tl.store(DK + kvbh * Tk * D + kj[:, None] * D + d_offs[None, :], (dk * scale).to(DK.dtype.element_ty),
-             mask=kvalid[:, None] & (d_offs[None, :] < D))
-    tl.store(DV + kvbh * Tk * Dv + kj[:, None] * Dv + dv_offs[None, :], dv.to(DV.dtype.element_ty),
-             mask=kvalid[:, None] & (dv_offs[None, :] < Dv))
+    tl.store(
+        DK + kvbh * Tk * D + kj[:, None] * D + d_offs[None, :],
+        (dk * scale).to(DK.dtype.element_ty),
+        mask=kvalid[:, None] & (d_offs[None, :] < D),
+    )
+    tl.store(
+        DV + kvbh * Tk * Dv + kj[:, None] * Dv + dv_offs[None, :],
+        dv.to(DV.dtype.element_ty),
+        mask=kvalid[:, None] & (dv_offs[None, :] < Dv),
+    )
