@@ -21,13 +21,22 @@ import argparse
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
 from fpa.cache import FPAEviction, SlidingWindow
 from fpa.data.atomic import atomic_write_bytes, atomic_write_figure
-from fpa.experiments.agent_trace import constructed_offset_head, decode_trace, make_trace, summarise, train_walk_head
+from fpa.experiments.agent_trace import (
+    OneHotHead,
+    constructed_offset_head,
+    decode_trace,
+    make_trace,
+    summarise,
+    train_walk_head,
+)
+from fpa.tasks.packed import PackedModels
 
 
 def markdown(data: dict) -> str:
@@ -80,7 +89,11 @@ def plot(data: dict, path: Path) -> None:
     heads = list(dict.fromkeys(r["head"] for r in data["runs"]))
     fig, axs = plt.subplots(2, len(heads), figsize=(5 * len(heads), 7.5), squeeze=False)
     colors = {"full": "tab:gray", "window": "tab:orange", "fpa": "tab:blue"}
-    style = {"full": dict(ls="--", lw=2.5, alpha=0.7), "window": dict(lw=1.5), "fpa": dict(lw=1.5)}
+    style: dict[str, dict[str, Any]] = {
+        "full": dict(ls="--", lw=2.5, alpha=0.7),
+        "window": dict(lw=1.5),
+        "fpa": dict(lw=1.5),
+    }
     for j, h in enumerate(heads):
         for r in (r for r in data["runs"] if r["head"] == h):
             kind = r["config"].split("(")[0]
@@ -126,7 +139,7 @@ def main(argv=None) -> None:
     t_start = time.perf_counter()
     trace = make_trace(args.tokens, args.max_depth, args.p, args.p, seed=args.seed + 1)
     q = trace.query & trace.valid
-    data = dict(
+    data: dict[str, Any] = dict(
         args=vars(args) | {"out": str(args.out)},
         runs=[],
         training={},
@@ -139,6 +152,7 @@ def main(argv=None) -> None:
         ),
     )
     for head in args.heads:
+        model: PackedModels | OneHotHead
         if head == "constructed walk+offset":
             model = constructed_offset_head()
         else:

@@ -43,7 +43,8 @@ def calibrate_fields(model: FPAForCausalLM, std: float, probe_len: int = 512, se
     g = torch.Generator().manual_seed(seed)
     probe = torch.randint(0, model.config.vocab_size, (1, probe_len), generator=g)
     for block in model.model.layers:
-        attn, seen = block.attn, []
+        attn = block.attn
+        seen: list[torch.Tensor] = []
         handle = attn.register_forward_pre_hook(lambda mod, a, seen=seen: seen.append(a[0]))
         model(probe)
         handle.remove()

@@ -26,7 +26,7 @@ import torch
 from fpa.cache import FPACache, FPAEviction
 from fpa.data.atomic import atomic_write_bytes
 from fpa.eval.passkey import passkey_grid
-from fpa.experiments.reproduce import load_model
+from fpa.experiments.stage_fns import load_model
 
 DEFAULT_MODELS = (
     "fpa-walk-evict2-s0,fpa-walk-offset-evict2-s0,fpa-walk-tokenoffset-evict2-s0,"

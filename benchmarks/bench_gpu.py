@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
 H, D = 16, 128
 TOKENS = 32768
@@ -74,7 +75,8 @@ def methods() -> dict:
     from fpa.ops.fpa.flex import fpa_flex
     from fpa.ops.fpa.triton import fpa_triton
 
-    def fpa_args(x):
+    def fpa_args(x: dict[str, Tensor]) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, float]:
+        """(q, k, v, field, level, past_min, beta, scale): the positional arguments of the FPA ops."""
         empty = x["field"][..., :0]
         beta = torch.ones(H, device=x["q"].device)
         return (x["q"], x["k"], x["v"], x["field"], x["level"], empty, beta, D**-0.5)
@@ -240,7 +242,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(f"correctness check passed ({time.time() - start:.0f} s)", flush=True)
     fns = methods()
-    rows, skips = {}, {}
+    rows: dict[tuple[str, int], float | str] = {}
+    skips: dict[int, float] = {}
     for T in args.seq_lens:
         x = make_inputs(T)
         skips[T] = skip_fraction(x)

@@ -21,15 +21,18 @@ checkpoint (``--fox-model``). Checkpoints are not in git: they come from ``fpa r
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import random
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from fpa.cache import H2O, FoXEviction, FPACache, FPAEviction, SlidingWindow, prefill
+from fpa.cache import H2O, FoXEviction, FPACache, FPAEviction, Policy, SlidingWindow, prefill
 from fpa.data.atomic import atomic_write_bytes, atomic_write_figure
 from fpa.data.sources import stdlib_files
 from fpa.models import FPAForCausalLM
@@ -54,11 +57,11 @@ def text_tokens(n: int, seed: int = 0) -> torch.Tensor:
     return torch.tensor(ids[:n])[None]
 
 
-def configs(args) -> dict[str, tuple[str, object]]:
+def configs(args) -> dict[str, tuple[str, Callable[[], Policy | None]]]:
     """name -> (model key, policy factory)."""
-    out = {"full": ("fpa", lambda: None)}
+    out: dict[str, tuple[str, Callable[[], Policy | None]]] = {"full": ("fpa", lambda: None)}
     for t in args.taus:
-        out[f"fpa(tau={t:g})"] = ("fpa", lambda t=t: FPAEviction(t))
+        out[f"fpa(tau={t:g})"] = ("fpa", functools.partial(FPAEviction, t))
     out[f"window(N={args.budget})"] = ("fpa", lambda: SlidingWindow(args.budget))
     out[f"h2o(N={args.budget})"] = ("fpa", lambda: H2O(args.budget))
     if args.fox_model:
@@ -69,7 +72,8 @@ def configs(args) -> dict[str, tuple[str, object]]:
 @torch.no_grad()
 def run_config(model, policy, tokens: torch.Tensor, lengths: list[int], args, name: str) -> list[dict]:
     """Grow one cache through ``lengths``; one row per length."""
-    cache, seen, rows = FPACache(policy), 0, []
+    cache, seen = FPACache(policy), 0
+    rows: list[dict[str, Any]] = []
     for L in lengths:
         cache.peak_bytes = 0
         t0 = time.perf_counter()
@@ -250,7 +254,9 @@ def main(argv=None) -> None:
         models["fox"] = FPAForCausalLM.from_pretrained(args.fox_model).eval()
     tokens = text_tokens(max(args.lengths) + args.window)
     path = args.out / f"{args.name}.json"
-    data = json.loads(path.read_text()) if (args.configs and path.exists()) else {"rows": [], "wall_s": 0.0}
+    data: dict[str, Any] = (
+        json.loads(path.read_text()) if (args.configs and path.exists()) else {"rows": [], "wall_s": 0.0}
+    )
     data["header"] = (
         f"FPA model `{args.model}`"
         + (f", FoX model `{args.fox_model}`" if args.fox_model else "")

@@ -222,7 +222,7 @@ def main() -> None:
     for T in seq_lens:
         methods = [m for m in args.methods if T <= MAX_T.get(m, 1 << 30)]
         x = make_inputs(T)
-        s = {m: [] for m in methods}
+        s: dict[str, list[float]] = {m: [] for m in methods}
         for rep in range(args.reps + 1):
             for m in methods:
                 t = time_once(m, x)

@@ -23,6 +23,7 @@ import os
 import statistics
 import tempfile
 import time
+from typing import TypedDict
 
 import torch
 
@@ -36,9 +37,19 @@ METHODS = [
     ("fpa", {"fpa_mode": "free"}),
     ("fpa", {"fpa_mode": "walk"}),
 ]
-SHAPES = {
-    "tiny 4x512": dict(batch=4, seq_len=512, overrides={}),
-    "repro 32x128": dict(batch=32, seq_len=128, overrides=dict(num_hidden_layers=2, vocab_size=257)),
+
+
+class Shape(TypedDict):
+    """step_benchmark's keyword arguments for one batch shape; overrides: FPAConfig fields."""
+
+    batch: int
+    seq_len: int
+    overrides: dict[str, int]
+
+
+SHAPES: dict[str, Shape] = {
+    "tiny 4x512": Shape(batch=4, seq_len=512, overrides={}),
+    "repro 32x128": Shape(batch=32, seq_len=128, overrides=dict(num_hidden_layers=2, vocab_size=257)),
 }
 TARGET = 1.15  # FPA walk / free step time <= 1.15x FoX's
 

@@ -228,13 +228,14 @@ def speed(device: str, dry: bool, clock: Clock, reps: int) -> list[str]:
     H, D, tokens = (2, 16, 32) if dry else (16, 128, 32768)
     seq_lens = [32] if dry else [1024, 2048, 4096, 8192, 16384, 32768]
     fns = _methods(H, D)
-    rows: dict = {}
-    skips: dict = {}
+    rows: dict[tuple[str, int], float | str] = {}
+    skips: dict[tuple[str, int], float] = {}
     for T in seq_lens:
         x = _timing_inputs(T, device, H, D, tokens)
         beta = torch.ones(H, device=device)
-        for name, f in (("FPA walk", "walk"), ("FoX", "cum")):
-            skips[(name, T)] = _skip_fraction(x["q"], x["k"], x["v"], x[f].detach(), x[f].detach(), beta, D**-0.5)
+        for name, key in (("FPA walk", "walk"), ("FoX", "cum")):
+            fld = x[key].detach()
+            skips[(name, T)] = _skip_fraction(x["q"], x["k"], x["v"], fld, fld, beta, D**-0.5)
         for name, fn in fns.items():
             if clock.left() < 90:
                 rows[(name, T)] = "not run (time budget)"
@@ -281,7 +282,7 @@ def model_skips(model_dir: str, device: str, clock: Clock, T: int) -> list[str]:
     from fpa.layers.attention import FirstPassageAttention
     from fpa.models import FPAForCausalLM
 
-    model = FPAForCausalLM.from_pretrained(model_dir).to(device).eval()
+    model = FPAForCausalLM.from_pretrained(model_dir).to(device).eval()  # type: ignore[arg-type]  # transformers' @wraps(Module.to) stub keeps self
     captured = []
 
     def hook(mod, args):
@@ -336,7 +337,7 @@ def training(device: str, dry: bool, clock: Clock, fpa_backend: str) -> list[str
             lines.append(f"| {name} | not run (time budget) | |")
             continue
         torch.manual_seed(0)
-        model = FPAForCausalLM(FPAConfig.from_preset("tiny", attention=att, **kw, **over)).to(device)
+        model = FPAForCausalLM(FPAConfig.from_preset("tiny", attention=att, **kw, **over)).to(device)  # type: ignore[arg-type]  # transformers' @wraps(Module.to) stub keeps self
         for m in model.modules():
             if isinstance(m, FirstPassageAttention):
                 m.backend = fpa_backend

@@ -6,6 +6,7 @@ extra is named, every flag has help text and (where the set is fixed) its choice
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -74,7 +75,9 @@ FIXED_CHOICES = {  # (command, flag) -> a value that must be among its choices
 @pytest.mark.parametrize("command", list(COMMANDS))
 def test_every_flag_has_help_and_choices(command):
     p = build_parser(command)
-    sub = next(a for a in p._actions if a.dest == "command").choices[command]
+    subparsers = next(a for a in p._actions if a.dest == "command")
+    assert isinstance(subparsers, argparse._SubParsersAction)
+    sub = subparsers.choices[command]
     for a in sub._actions:
         assert a.help and a.help.strip(), f"fpa {command} {a.option_strings or a.dest} has no help text"
         for flag in a.option_strings:

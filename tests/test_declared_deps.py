@@ -26,7 +26,9 @@ def _declared() -> set[str]:
         req = todo.pop()
         name = _norm(re.split(r"[<>=!~\[; ]", req, maxsplit=1)[0])
         if name == "fpa":  # fpa[models,train,...]: the named extras
-            todo += [r for e in re.search(r"\[(.*)\]", req).group(1).split(",") for r in extras[e.strip()]]
+            named = re.search(r"\[(.*)\]", req)
+            assert named is not None, f"fpa without extras in its own dependencies: {req!r}"
+            todo += [r for e in named.group(1).split(",") for r in extras[e.strip()]]
         else:
             out.add(name)
     return out
@@ -42,11 +44,11 @@ def _imported_top_modules(path: Path) -> set[str]:
     return mods
 
 
-def test_test_imports_are_declared():
+def test_test_imports_are_declared() -> None:
     local = {p.stem for p in (ROOT / "tests").rglob("*.py")} | {"fpa", "conftest"}
     dists = md.packages_distributions()
     declared = _declared() | {"pytest"}  # pytest ships _pytest too
-    missing = {}
+    missing: dict[str, list[str]] = {}
     for f in (ROOT / "tests").rglob("*.py"):
         for mod in _imported_top_modules(f) - local - set(sys.stdlib_module_names):
             owners = {_norm(d) for d in dists.get(mod, [mod])}

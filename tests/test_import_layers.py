@@ -89,7 +89,11 @@ def _unit(module: str) -> str:
 
 def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     """The strongly connected components with more than one node (Tarjan)."""
-    index, low, stack, on, out = {}, {}, [], set(), []
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
 
     def visit(v):
         index[v] = low[v] = len(index)

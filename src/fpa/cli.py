@@ -20,6 +20,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+from typing import NoReturn
 
 # command: (module with add_parser, one-line help, extras it needs), in the order --help shows them
 COMMANDS: dict[str, tuple[str, str, tuple[str, ...]]] = {
@@ -64,7 +65,8 @@ class Parser(argparse.ArgumentParser):
     """argparse, but a usage error raises UsageError (one line, exit 2 in main) instead of
     printing the usage block and exiting."""
 
-    def error(self, message: str):  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
+        """Raise UsageError with ``message`` and a pointer to ``--help``."""
         raise UsageError(f"{self.prog}: {message} (see {self.prog} --help)")
 
 

@@ -7,6 +7,7 @@ import torch
 from cache_testing import TYPES, forgetful_layer, full_penalty, full_qkv, kept_positions, tiny_model
 
 from fpa.cache import H2O, TOVA, FoXEviction, FPACache, FPAEviction, SlidingWindow, StreamingLLM, generate, prefill
+from fpa.compat import CACHE_ARG
 from fpa.layers.attention import make_attention
 
 
@@ -185,18 +186,51 @@ def test_batch_rows_evict_differently_and_match_alone():
 
 
 def test_generate_helper_equals_manual_greedy_with_eviction():
+    """The helper (model.generate, prompt in chunks, an all-ones mask) against prefill and greedy
+    steps by hand (no mask: another path through the layers on continuation calls)."""
     m = _forgetful_model(seed=1)
     x = torch.randint(0, 37, (2, 15))
     out = generate(m, x, FPACache(FPAEviction(1.0)), max_new_tokens=4, chunk_size=4)
+    kw = dict(attention_mask=torch.ones_like(x), max_new_tokens=4, do_sample=False, prefill_chunk_size=4)
+    res = m.generate(
+        x,
+        pad_token_id=0,
+        output_scores=True,
+        return_dict_in_generate=True,
+        **kw,
+        **{CACHE_ARG: FPACache(FPAEviction(1.0))},
+    )
+    assert torch.equal(out, res.sequences)  # the helper is this very call: the same kernels on the same inputs
     cache = FPACache(FPAEviction(1.0))
     logits = prefill(m, x, cache, chunk_size=4)
-    seq = x
+    seq, steps = x, []
     with torch.no_grad():
         for _ in range(4):
+            steps.append(logits)
             nxt = logits.argmax(-1, keepdim=True)
             seq = torch.cat([seq, nxt], 1)
             logits = m(nxt, past_key_values=cache, use_cache=True).logits[:, -1]
+    # measured max |difference| of the two paths' logits 0 (here and on 4 other models); tolerance 1e-5, the
+    # bar for cached attention (test_paged.py)
+    torch.testing.assert_close(torch.stack(res.scores), torch.stack(steps), atol=1e-5, rtol=0)
+    top = torch.stack(steps).double().topk(2, dim=-1).values
+    assert (top[..., 0] - top[..., 1]).min() > 2e-5  # no near-tie (measured 4.6e-3): equal tokens follow
     assert torch.equal(out, seq)
+
+
+def test_reset_keeps_what_the_cache_set_on_its_layers():
+    """Cache.reset (transformers) empties every layer but keeps the settings FPACache gave it (here
+    TOVA's weight recording): the emptied cache serves the prompt again."""
+    m = tiny_model("softmax_rope")
+    x = torch.randint(0, 37, (1, 12))
+    cache = FPACache(TOVA(5))
+    with torch.no_grad():
+        first = m(x, past_key_values=cache, use_cache=True).logits
+        cache.reset()
+        assert cache.get_seq_length() == 0
+        again = m(x, past_key_values=cache, use_cache=True).logits
+    assert torch.equal(first, again)  # an empty cache both times: the same kernels on the same inputs
+    assert all((h == 5).all() for h in cache.keys_held())
 
 
 def test_bad_arguments():

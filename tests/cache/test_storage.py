@@ -32,6 +32,11 @@ def _keep_dense(st, keep):
     return st.from_dense(keep)
 
 
+def _host_copies_agree(st):
+    """The host copies of fill and nblk (what appends size themselves by) equal the device ones."""
+    assert st.fill_host == st.fill.tolist() and st.nblk_host == st.nblk.tolist()
+
+
 def test_evict_then_compact_keeps_order_values_and_frees_blocks():
     torch.manual_seed(0)
     st = _store(C=40, block_size=4, slack=0.0)  # compact every row with >= 4 holes
@@ -59,6 +64,7 @@ def test_evict_then_compact_keeps_order_values_and_frees_blocks():
     assert int(st.fill[0]) == 40  # below the hole threshold: holes stay in place
     assert st.num_blocks - st.free.numel() < blocks  # emptied blocks went back to the free list
     assert int(st.nblk[3]) == 1  # one key left: one block
+    _host_copies_agree(st)
 
 
 def test_append_after_compaction_puts_new_keys_last_and_reuses_blocks():
@@ -71,6 +77,28 @@ def test_append_after_compaction_puts_new_keys_last_and_reuses_blocks():
     for p in (9, 10):
         st.append(**_fields(2, 2, 2, 1, start=p))
     assert st["pos"][0, 0].tolist() == [6, 7, 9, 10] and st.num_blocks == n_before
+    _host_copies_agree(st)
+
+
+def test_evicted_slots_are_reclaimed_once_a_block_of_tokens_was_appended():
+    """evict marks holes at once; the compaction that frees blocks waits until P tokens were
+    appended since the last one (so that decode steps read nothing from the device), or reclaim()."""
+    st = _store(C=8, block_size=4, slack=0.0)
+    st.evict(st.from_dense(st["pos"] >= 0))  # 8 tokens appended: reclaims (nothing to compact)
+    assert st.tokens_since_reclaim == 0
+    for t in (8, 9):
+        st.append(**_fields(2, 2, 2, 1, start=t))
+        st.evict(st.from_dense(st["pos"] >= t - 1))  # keep the last 2: 6 holes, not reclaimed yet
+        assert (st.counts() == 2).all() and st.fill_host == [t + 1] * 4 and st.tokens_since_reclaim == t - 7
+    held = st.bytes_held()
+    st.reclaim()
+    assert st.fill_host == [2] * 4 and st.nblk_host == [1] * 4 and st["pos"][0, 0].tolist() == [8, 9]
+    assert st.bytes_held() <= held and st.num_blocks - st.free.numel() == 4
+    for t in (10, 11, 12, 13):
+        st.append(**_fields(2, 2, 2, 1, start=t))
+        st.evict(st.from_dense(st["pos"] >= t - 1))
+    assert st.tokens_since_reclaim == 0 and st.fill_host == [2] * 4  # the 4th append reclaimed
+    _host_copies_agree(st)
 
 
 def test_memory_bound_with_very_uneven_rows():
@@ -87,6 +115,7 @@ def test_memory_bound_with_very_uneven_rows():
         st.evict(_keep_dense(st, keep & st["valid"]))
         live, held = st.bytes_live(), st.bytes_held()
         assert held <= 1.15 * live + st.overhead_bound(), (t, held, live, st.overhead_bound())
+        _host_copies_agree(st)
     padded = B * Hkv * int(st.counts().max()) * st.slot_bytes()
     assert padded > 1.15 * st.bytes_live() + st.overhead_bound()  # the old layout fails this bound
     assert int(st.counts()[0, 0]) == 2000 and int(st.counts()[1, 1]) == 1
@@ -106,6 +135,7 @@ def test_no_creep_over_a_long_run():
         assert (st.counts() == min(t, 37)).all()
         assert st.bytes_held() <= 1.15 * st.bytes_live() + st.overhead_bound()
         sizes.append(st.num_blocks)
+        _host_copies_agree(st)
     assert max(sizes[200:]) <= max(sizes[:200])  # no growth in the second half
     assert st.table.shape[1] <= 2 * int(st.nblk.max()) + 2
 
@@ -116,9 +146,11 @@ def test_truncate_and_select_rows():
     st.truncate(9)
     assert (st.fill == 9).all() and (st.nblk == 3).all()
     assert torch.equal(st["k"], before["k"][:, :, :9])
+    _host_copies_agree(st)
     st.select_rows(torch.tensor([1, 1, 0]))
     assert torch.equal(st["k"], before["k"][[1, 1, 0], :, :9])
     assert torch.equal(st["pm"], before["pm"][[1, 1, 0], :, :9])
+    _host_copies_agree(st)
 
 
 def test_bad_block_size():

@@ -2,15 +2,24 @@
 
 import importlib.util
 
+import numpy as np
 import pytest
 import torch
+from test_passkey_eval import decode_logits, top2_gap
 
 from fpa.data.tokenizer import ByteTokenizer
 from fpa.eval.kvpress_grid import KvpressUnavailable, kvpress_passkey_grid
-from fpa.eval.passkey import passkey_grid
+from fpa.eval.passkey import cell_prompts, passkey_grid
 from fpa.models import FPAConfig, FPAForCausalLM
+from fpa.tasks.passkey import max_answer_tokens
 
 HAVE_KVPRESS = importlib.util.find_spec("kvpress") is not None
+
+# The Llama export's logits differ from the FPA model's by <= 1.7e-7 on rope_model's prompts below
+# (measured, decoding as fpa.eval.kvpress_grid does, without a press) and by < 5e-5 on the larger
+# weights of tests/models/test_export_llama. Greedy tokens are equal on both where the FPA model's
+# best logit leads the second-best by more than twice that bound at every step.
+EXPORT_ATOL = 5e-5
 
 
 def rope_model():
@@ -44,8 +53,13 @@ def test_three_presses_run_through_kvpress():
         assert len(x["accuracy"]) == 1 and len(x["accuracy"][0]) == 2
         target = 1.0 - x["compression_ratio"]
         assert abs(x["kept_fraction_mean"] - target) < 0.01, x["kept_fraction_mean"]
-    # compression 0: the exported Llama decodes exactly what the FPA model decodes (same prompts)
+    # compression 0: the exported Llama decodes what the FPA model decodes (same prompts), a
+    # tolerance claim: no step of the FPA model's decoding of these prompts is a near-tie
     ref = passkey_grid(m, tok, [256], [0.25, 0.75], 2, progress=False)
+    for j, depth in enumerate((0.25, 0.75)):
+        ids = torch.from_numpy(np.stack([p.ids for p in cell_prompts(tok, 256, depth, j, 2, 0)]))
+        _, logits = decode_logits(m, ids, max_answer_tokens(tok))
+        assert top2_gap(logits).min() > 2 * EXPORT_ATOL  # measured smallest gap 8.0e-3
     for x in g["grids"]:
         if x["compression_ratio"] == 0.0:
             assert x["examples"][0]["generated"] == ref["examples"][0]["generated"]

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from fpa.experiments.capacity import TrainConfig, run_grid, train_cell
+from fpa.experiments.capacity import SynthRecipe, run_grid, train_cell
 
-TINY = TrainConfig(steps=2, batch=4, eval_n=8, log_every=1)
+TINY = SynthRecipe(steps=2, batch=4, eval_n=8, log_every=1)
 
 
 @pytest.mark.parametrize(
@@ -39,14 +39,14 @@ def test_train_cell_is_deterministic_and_complete():
 def test_lr_schedule_warmup_cosine_and_constant():
     from fpa.experiments.capacity import lr_factor
 
-    cos = TrainConfig(steps=100, warmup=10)
+    cos = SynthRecipe(steps=100, warmup=10)
     assert lr_factor(cos, 0) == pytest.approx(0.1) and lr_factor(cos, 9) == pytest.approx(1.0)
     assert lr_factor(cos, 10) == pytest.approx(1.0) and lr_factor(cos, 55) == pytest.approx(0.5)
     assert lr_factor(cos, 99) < 0.01
-    const = TrainConfig(steps=100, warmup=0, schedule="constant")
+    const = SynthRecipe(steps=100, warmup=0, schedule="constant")
     assert {lr_factor(const, s) for s in (0, 50, 99)} == {1.0}
     with pytest.raises(ValueError, match="schedule must be"):
-        lr_factor(TrainConfig(schedule="linear", warmup=0), 5)
+        lr_factor(SynthRecipe(schedule="linear", warmup=0), 5)
 
 
 @pytest.mark.parametrize("recipe", ["dense", "legacy"])
@@ -54,7 +54,7 @@ def test_both_recipes_train(recipe):
     """The dense loss (default) and the legacy final-query loss both run and lower the loss."""
     from fpa.experiments.capacity import RECIPES
 
-    cfg = TrainConfig(
+    cfg = SynthRecipe(
         **{**RECIPES[recipe], "steps": 30, "batch": 8, "warmup": min(5, RECIPES[recipe]["warmup"])},
         eval_n=8,
         log_every=1,
@@ -71,7 +71,7 @@ def test_length_curriculum_trains_every_kth_step_on_longer_sequences(monkeypatch
     seen = []
     real = capacity._tensors
     monkeypatch.setattr(capacity, "_tensors", lambda b, sl: (seen.append(b.tokens.shape[-1]), real(b, sl))[1])
-    cfg = TrainConfig(steps=6, batch=4, eval_n=4, log_every=1, long_every=2, long_factor=3)
+    cfg = SynthRecipe(steps=6, batch=4, eval_n=4, log_every=1, long_every=2, long_factor=3)
     r = train_cell("stack", "fpa_walk", 2, 2, (0,), cfg)[0]
     from fpa.tasks.nested import get_task
 
@@ -79,7 +79,7 @@ def test_length_curriculum_trains_every_kth_step_on_longer_sequences(monkeypatch
     assert long > 2 * r["train_length"]
     assert seen[:6] == [r["train_length"], long] * 3  # then the evaluations
     with pytest.raises(ValueError, match="long_every"):
-        TrainConfig(long_every=-1)
+        SynthRecipe(long_every=-1)
     with pytest.raises(ValueError, match="train_long"):
         train_cell("stack", "fpa_walk", 2, 2, (0,), cfg, capacity.make_cell_data("stack", 2, (0,), TINY))
 
@@ -92,7 +92,7 @@ def test_train_cell_trains_the_field_heads_at_their_lr_multiplier(monkeypatch):
     made = []
     real = torch.optim.Adam
     monkeypatch.setattr(torch.optim, "Adam", lambda groups, lr: (made.append((groups, lr)), real(groups, lr=lr))[1])
-    cfg = TrainConfig(steps=1, batch=2, eval_n=2, log_every=1, lr=0.02)
+    cfg = SynthRecipe(steps=1, batch=2, eval_n=2, log_every=1, lr=0.02)
     train_cell("stack", "fpa_walk", 2, 2, (0, 1), cfg, layer_kwargs={"field_lr_multiplier": 0.1})
     ((groups, lr),) = made
     rates = sorted(g["initial_lr"] for g in groups)  # the scheduler scales "lr" from these

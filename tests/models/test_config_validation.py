@@ -17,7 +17,7 @@ from fpa.models.configuration_fpa import (
 )
 from fpa.train import TrainConfig
 
-BAD = {  # kind / rule -> bad values
+BAD: dict[object, list[object]] = {  # kind / rule -> bad values
     "int": [0, -1, 2.0, "4", True, None],
     "bool": ["no", "false", 0, 1, None],
     "choice": ["bogus", None, 1],

@@ -3,7 +3,7 @@ check of our RoPE baseline)."""
 
 import pytest
 import torch
-from test_hf_padding import MIN_GAP, scored
+from models_testing import MIN_GAP, scored
 
 from fpa.models import FPAConfig, FPAForCausalLM
 from fpa.models.export_llama import llama_config, to_llama

@@ -9,7 +9,8 @@ import warnings
 
 import pytest
 import torch
-from test_hf_padding import MIN_GAP, TYPES, forgetful, padded, prompts, scored
+from models_testing import MIN_GAP, scored
+from test_hf_padding import TYPES, forgetful, padded, prompts
 from transformers import DynamicCache
 
 from fpa.cache import TOVA, FoXEviction, FPACache, FPAEviction, SlidingWindow, StreamingLLM, generate

@@ -95,7 +95,7 @@ def check(c: dict) -> None:
         return  # non-finite inputs_embeds: the layers skip the value checks (check_inputs=False), so
         # NaN in gives NaN out; allowed by the contract (it speaks of finite input)
     assert finite, f"invalid input accepted: {c}"
-    x = kw.get("input_ids", kw.get("inputs_embeds"))
+    x = kw["input_ids"] if "input_ids" in kw else kw["inputs_embeds"]
     assert logits.shape == (x.shape[0], x.shape[1], VOCAB)
     assert torch.isfinite(logits).all(), "NaN/inf logits from finite input"
     if logits.numel() and c["embeds"] != "huge":

@@ -101,16 +101,16 @@ def fpa_oracle(q, k, v, field, level, beta, scale: float, w=None, tie: TieRule =
                     if dips[j] > 0:
                         dL[b][h][j] -= Bt[h] * ds
                         dF[b][h][tie(i, j, mins[j])] += Bt[h] * ds
-    t = lambda x: torch.tensor(x, dtype=torch.float64)  # noqa: E731
-    res = {"out": t(out).reshape(B, Hq, Tq, Dv)}
+    f64 = lambda x: torch.tensor(x, dtype=torch.float64)  # noqa: E731
+    res = {"out": f64(out).reshape(B, Hq, Tq, Dv)}
     if W is not None:
         res.update(
-            q=t(dq).reshape(q.shape),
-            k=t(dk).reshape(k.shape),
-            v=t(dv).reshape(v.shape),
-            field=t(dF).reshape(field.shape),
-            level=t(dL).reshape(level.shape),
-            beta=t(dB),
+            q=f64(dq).reshape(q.shape),
+            k=f64(dk).reshape(k.shape),
+            v=f64(dv).reshape(v.shape),
+            field=f64(dF).reshape(field.shape),
+            level=f64(dL).reshape(level.shape),
+            beta=f64(dB),
         )
     return res
 

@@ -61,12 +61,15 @@ def _train(model: torch.nn.Module, batches: list[torch.Tensor]) -> tuple[list[fl
     opt = torch.optim.AdamW(parameter_groups(model, 0.0), lr=1e-2)
     for g in opt.param_groups:
         g["lr"] = 1e-2 * g["lr_multiplier"]
-    losses, first = [], []
+    losses: list[float] = []
+    first: list[torch.Tensor] = []
     for ids in batches:
         loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
         if not first:
-            first = [p.grad.clone() for p in model.parameters()]
+            for p in model.parameters():
+                assert p.grad is not None
+                first.append(p.grad.clone())
         opt.step()
         opt.zero_grad(set_to_none=True)
         losses.append(loss.item())

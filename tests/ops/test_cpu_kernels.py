@@ -18,7 +18,8 @@ import pytest
 import torch
 
 from fpa import first_passage_attention, forgetting_attention
-from fpa.ops import cpu_kernels, past_min_from_field
+from fpa.ops import past_min_from_field
+from fpa.ops.cpu_kernels import builder, calls, loader
 
 PATHS = ["whole", "rows", "torch"]
 DISABLED = os.environ.get("FPA_CPU_KERNEL", "1") == "0"
@@ -28,8 +29,8 @@ def _require_kernels() -> None:
     """Skip under FPA_CPU_KERNEL=0; otherwise a build failure is a test failure."""
     if DISABLED:
         pytest.skip("CPU kernels disabled by FPA_CPU_KERNEL=0")
-    if cpu_kernels.library() is None:
-        pytest.fail(f"the CPU kernels did not build: {cpu_kernels.reason()}")
+    if loader.library() is None:
+        pytest.fail(f"the CPU kernels did not build: {loader.reason()}")
 
 
 @pytest.fixture
@@ -39,11 +40,11 @@ def path(request, monkeypatch):
         monkeypatch.setenv("FPA_CPU_KERNEL", "0")
     else:
         _require_kernels()
-        if name == "whole" and not cpu_kernels._whole_ok:
+        if name == "whole" and not loader.info()["whole_op"]:
             if torch.backends.mkl.is_available():  # torch runs MKL, so its sgemm_ must have been found
-                pytest.fail(f"whole-op kernel off although torch has MKL: {cpu_kernels.info()}")
+                pytest.fail(f"whole-op kernel off although torch has MKL: {loader.info()}")
             pytest.skip("whole-op kernel unavailable (no usable BLAS sgemm_ found in this process)")
-        monkeypatch.setattr(cpu_kernels, "whole_usable", lambda n: name == "whole")
+        monkeypatch.setattr(loader, "whole_usable", lambda n: name == "whole")
     return name
 
 
@@ -102,12 +103,13 @@ def test_failed_build_falls_back_to_torch_ops(monkeypatch):
     monkeypatch.delenv("FPA_CPU_KERNEL", raising=False)
     xs = _inputs(torch.float64)
     want = _fpa(xs, "reference")
-    monkeypatch.setattr(cpu_kernels, "_lib", False)
-    monkeypatch.setattr(cpu_kernels, "_reason", None)
-    monkeypatch.setattr(cpu_kernels, "_build", lambda: (_ for _ in ()).throw(RuntimeError("no compiler")))
+    monkeypatch.setattr(loader, "_tried", False)
+    monkeypatch.setattr(loader, "_lib", None)
+    monkeypatch.setattr(loader, "_reason", None)
+    monkeypatch.setattr(loader, "_build", lambda: (_ for _ in ()).throw(RuntimeError("no compiler")))
     with pytest.warns(UserWarning, match="fused CPU kernels unavailable"):
         got = _fpa(xs, "chunked", chunk_size=4)
-    assert cpu_kernels.library() is None and "no compiler" in cpu_kernels.reason()
+    assert loader.library() is None and "no compiler" in (loader.reason() or "")
     for a, b in zip(got, want):
         assert (a - b).abs().max() < 1e-11
 
@@ -117,40 +119,40 @@ def test_failed_build_falls_back_to_torch_ops(monkeypatch):
 
 @pytest.mark.parametrize("machine", ["x86_64", "AMD64", "aarch64", "arm64", "riscv64", "ppc64le"])
 def test_flags_per_architecture(machine):
-    base = cpu_kernels.compile_flags(machine)
+    base = builder.compile_flags(machine)
     x86 = machine.lower() in ("x86_64", "amd64")
-    for flags in [base] + ([cpu_kernels.compile_flags(machine, "avx2")] if x86 else []):
+    for flags in [base] + ([builder.compile_flags(machine, "avx2")] if x86 else []):
         assert "-O3" in flags and "-ffp-contract=off" in flags
         assert not any(f in ("-ffast-math", "-Ofast", "-march=native", "-mtune=native", "-mfma") for f in flags), flags
     if x86:
         assert not any(f.startswith("-m") for f in base)  # the baseline: SSE2, every x86-64 CPU
-        assert cpu_kernels.compile_flags(machine, "avx2") == [*base, "-mavx2"]
+        assert builder.compile_flags(machine, "avx2") == [*base, "-mavx2"]
     else:  # nothing x86 on ARM or elsewhere
         assert not any(f.startswith(("-m", "-march")) for f in base), base
         with pytest.raises(ValueError, match="x86-64"):
-            cpu_kernels.compile_flags(machine, "avx2")
+            builder.compile_flags(machine, "avx2")
     with pytest.raises(ValueError, match="isa"):
-        cpu_kernels.compile_flags(machine, "avx512")
+        builder.compile_flags(machine, "avx512")
 
 
 def test_sources_ship_as_files():
-    for name in (*cpu_kernels.HEADERS, *cpu_kernels.SOURCES):
-        assert (cpu_kernels.CSRC / name).is_file(), name
+    for name in (*builder.HEADERS, *builder.SOURCES):
+        assert (builder.CSRC / name).is_file(), name
 
 
 def test_cache_folder_honours_xdg_and_falls_back(monkeypatch, tmp_path):
     monkeypatch.delenv("FPA_KERNEL_CACHE", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert cpu_kernels.cache_dir() == tmp_path / "xdg" / "fpa" / "kernels"
+    assert builder.cache_dir() == tmp_path / "xdg" / "fpa" / "kernels"
     monkeypatch.setenv("XDG_CACHE_HOME", "relative/path")  # ignored, as the XDG spec says
-    assert cpu_kernels.cache_dir() == Path.home() / ".cache" / "fpa" / "kernels"
+    assert builder.cache_dir() == Path.home() / ".cache" / "fpa" / "kernels"
     monkeypatch.setenv("FPA_KERNEL_CACHE", str(tmp_path / "explicit"))
-    assert cpu_kernels.cache_dir() == tmp_path / "explicit"
+    assert builder.cache_dir() == tmp_path / "explicit"
     # not writable (a path below a plain file cannot be created, even by root): a private temp folder
     (tmp_path / "file").write_text("")
     monkeypatch.setenv("FPA_KERNEL_CACHE", str(tmp_path / "file" / "kernels"))
-    monkeypatch.setattr(cpu_kernels.tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
-    got = cpu_kernels.cache_dir()
+    monkeypatch.setattr(builder.tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
+    got = builder.cache_dir()
     assert got.parent == tmp_path / "tmp" and got.name.startswith("fpa-kernels-")
     assert not stat.S_IMODE(got.stat().st_mode) & 0o077
 
@@ -175,7 +177,7 @@ def test_concurrent_builds_compile_once(tmp_path):
 
     def run():
         try:
-            got.append(cpu_kernels.build(cxx=str(cxx), flags=["-O3"], cache=cache))
+            got.append(builder.build(cxx=str(cxx), flags=["-O3"], cache=cache))
         except Exception as e:  # noqa: BLE001 - reported below
             errors.append(e)
 
@@ -186,7 +188,7 @@ def test_concurrent_builds_compile_once(tmp_path):
         t.join()
     assert not errors and len(set(got)) == 1 and got[0].read_text() == "x"
     calls = log.read_text().splitlines()
-    assert len(calls) == len(cpu_kernels.SOURCES) + 1, calls  # each source compiled once, one link
+    assert len(calls) == len(builder.SOURCES) + 1, calls  # each source compiled once, one link
     assert sorted(p.name for p in cache.iterdir()) == sorted([got[0].name, got[0].stem + ".lock"])
 
 
@@ -195,7 +197,7 @@ def test_failed_compile_names_the_command(tmp_path):
     cxx.write_text("#!/bin/sh\n[ \"$1\" = --version ] && { echo bad 1; exit 0; }\necho 'error: boom' >&2\nexit 1\n")
     cxx.chmod(0o755)
     with pytest.raises(RuntimeError, match="boom"):
-        cpu_kernels.build(cxx=str(cxx), flags=["-O3"], cache=tmp_path)
+        builder.build(cxx=str(cxx), flags=["-O3"], cache=tmp_path)
 
 
 # ---- calls ----
@@ -219,42 +221,43 @@ def _rows_args(dtype=torch.float32, BH=4, Hq=2, Tq=6, P=3, r0=0, r1=3):
         r0=r0,
         r1=r1,
         scale=0.5,
+        lib=loader.require(),
     )
 
 
 def test_bad_arrays_raise_naming_the_argument():
     _require_kernels()
-    cpu_kernels.fpa_rows(**_rows_args())  # the good call runs
+    calls.fpa_rows(**_rows_args())  # the good call runs
     bad = _rows_args()
     bad["S"] = bad["S"].transpose(1, 2).contiguous().transpose(1, 2)
     with pytest.raises(ValueError, match="S must be contiguous"):
-        cpu_kernels.fpa_rows(**bad)
+        calls.fpa_rows(**bad)
     bad = _rows_args()
     bad["level"] = bad["level"].double()
     with pytest.raises(TypeError, match="level must be torch.float32"):
-        cpu_kernels.fpa_rows(**bad)
+        calls.fpa_rows(**bad)
     bad = _rows_args()
     bad["lse"] = bad["lse"][:, :2].contiguous()
     with pytest.raises(ValueError, match="lse has 8 elements"):
-        cpu_kernels.fpa_rows(**bad)
+        calls.fpa_rows(**bad)
     with pytest.raises(TypeError, match="S must be float32 or float64"):
-        cpu_kernels.fpa_rows(**{**_rows_args(), "S": _rows_args()["S"].half()})
+        calls.fpa_rows(**{**_rows_args(), "S": _rows_args()["S"].half()})
     with pytest.raises(ValueError, match="query chunk"):
-        cpu_kernels.fpa_rows(**{**_rows_args(), "r1": 7})
+        calls.fpa_rows(**{**_rows_args(), "r1": 7})
     with pytest.raises(ValueError, match="delta is required"):
-        cpu_kernels.fpa_rows(**{**_rows_args(), "dP": torch.zeros(4, 3, 6)})
+        calls.fpa_rows(**{**_rows_args(), "dP": torch.zeros(4, 3, 6)})
     cum = torch.zeros(4, 9)
     with pytest.raises(ValueError, match="cum must be"):
-        cpu_kernels.fox_rows(torch.zeros(4, 3, 12), None, torch.zeros(4, 10), None, cum, 10, 0, 3, 0.5)
+        calls.fox_rows(torch.zeros(4, 3, 12), None, torch.zeros(4, 10), None, cum, 10, 0, 3, 0.5, lib=loader.require())
 
 
 def test_avx2_and_baseline_builds_give_the_same_bits():
     """The design claim of docs/design.md ("CPU kernels"): no -ffast-math, no FMA, sums in a fixed lane
     order, so the vector width changes no rounding. Same source, same inputs, same libm; two builds."""
     _require_kernels()
-    if cpu_kernels.default_isa() != "avx2":
+    if builder.default_isa() != "avx2":
         pytest.skip("this CPU runs only the baseline build")
-    libs = [cpu_kernels._load(cpu_kernels.build(flags=cpu_kernels.compile_flags(isa=i))) for i in ("baseline", "avx2")]
+    libs = [loader.load(builder.build(flags=builder.compile_flags(isa=i))) for i in ("baseline", "avx2")]
     g = torch.Generator().manual_seed(3)
     BH, Hq, Tq, P, r0, r1 = 6, 3, 40, 37, 8, 40  # row lengths 46..77: the 8-lane blocks and their tails
     c, K = r1 - r0, P + r1
@@ -275,24 +278,19 @@ def test_avx2_and_baseline_builds_give_the_same_bits():
         delta = torch.randn(BH, Tq, generator=g, dtype=dt) * 0.1
         outs = []
         for lib in libs:
-            old = cpu_kernels._lib
-            cpu_kernels._lib = lib
-            try:
-                S, lse = S0.clone(), torch.zeros(BH, Tq, dtype=dt)
-                cpu_kernels.fpa_rows(S, None, lse, None, **base)
-                S2, dP = S0.clone(), dP0.clone()
-                grads = (
-                    torch.zeros(BH, Tq + P, dtype=dt),
-                    torch.zeros(BH, P + Tq, dtype=dt),
-                    torch.zeros(BH, dtype=torch.float64),
-                )
-                cpu_kernels.fpa_rows(S2, dP, lse, delta, **base, grads=grads)
-                F, flse = S0.clone(), torch.zeros(BH, Tq, dtype=dt)
-                cpu_kernels.fox_rows(F, None, flse, None, cum, Tq, r0, r1, 0.3)
-                F2, fdP, dcum = S0.clone(), dP0.clone(), torch.zeros(BH, P + Tq, dtype=dt)
-                cpu_kernels.fox_rows(F2, fdP, flse, delta, cum, Tq, r0, r1, 0.3, dcum)
-                outs.append([S, lse, S2, dP, *grads, F, flse, F2, fdP, dcum])
-            finally:
-                cpu_kernels._lib = old
+            S, lse = S0.clone(), torch.zeros(BH, Tq, dtype=dt)
+            calls.fpa_rows(S, None, lse, None, **base, lib=lib)
+            S2, dP = S0.clone(), dP0.clone()
+            grads = (
+                torch.zeros(BH, Tq + P, dtype=dt),
+                torch.zeros(BH, P + Tq, dtype=dt),
+                torch.zeros(BH, dtype=torch.float64),
+            )
+            calls.fpa_rows(S2, dP, lse, delta, **base, grads=grads, lib=lib)
+            F, flse = S0.clone(), torch.zeros(BH, Tq, dtype=dt)
+            calls.fox_rows(F, None, flse, None, cum, Tq, r0, r1, 0.3, lib=lib)
+            F2, fdP, dcum = S0.clone(), dP0.clone(), torch.zeros(BH, P + Tq, dtype=dt)
+            calls.fox_rows(F2, fdP, flse, delta, cum, Tq, r0, r1, 0.3, dcum, lib=lib)
+            outs.append([S, lse, S2, dP, *grads, F, flse, F2, fdP, dcum])
         for i, (a, b) in enumerate(zip(*outs)):
             assert torch.equal(a, b), f"{dt} output {i}: max diff {(a - b).abs().max().item():.3e}"

@@ -2,10 +2,14 @@
 a model card, and pipeline("text-generation") end to end."""
 
 import pytest
+import torch
 
 from fpa.data import prepare_corpus
 from fpa.data.tokenizer import BPETokenizer, ByteTokenizer, load_tokenizer, save_hf_tokenizer
 from fpa.train import train
+
+# 80x the measured difference between batched and alone logits (1.2e-7, below)
+MIN_GAP = 1e-5
 
 TEXTS = ["def f(x):\n    return x + 1\n", "héllo wörld ✓ naïve café", "  two  spaces\tand tabs\n\n", "ünïcödé 中文 🙂"]
 
@@ -51,9 +55,20 @@ def test_trained_folder_loads_everywhere(tiny_cfg):
     model = AutoModelForCausalLM.from_pretrained(folder)
     assert model.config.eos_token_id == tok.eos_token_id == 256
     gen = pipeline("text-generation", model=folder)
-    out = gen(["def ", "import os\n"], max_new_tokens=5, do_sample=False)
+    out = gen(["def ", "import os\n"], max_new_tokens=5, do_sample=False, batch_size=2)  # one left-padded batch
     assert out[0][0]["generated_text"].startswith("def ") and out[1][0]["generated_text"].startswith("import os\n")
-    alone = gen("import os\n", max_new_tokens=5, do_sample=False)  # batched (left-padded) == alone
+    alone = gen("import os\n", max_new_tokens=5, do_sample=False)
+    # batched and alone are two computation paths whose logits differ by 1.2e-7 (measured): equal
+    # text is a tolerance claim, made where greedy decoding alone has no step near a tie
+    ref = model.generate(
+        **tok(["import os\n"], return_tensors="pt"),
+        max_new_tokens=5,
+        do_sample=False,
+        output_scores=True,
+        return_dict_in_generate=True,
+    )
+    top = torch.stack(ref.scores).double().topk(2, dim=-1).values
+    assert (top[..., 0] - top[..., 1]).min() > MIN_GAP  # measured smallest gap 0.15
     assert alone[0]["generated_text"] == out[1][0]["generated_text"]
 
 

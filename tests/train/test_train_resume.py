@@ -6,6 +6,8 @@ import signal
 import subprocess
 import sys
 
+import torch
+
 from fpa.train import train
 from fpa.train.checkpoint import list_checkpoints
 from fpa.train.metrics import read_metrics
@@ -32,7 +34,9 @@ def test_sigkill_then_resume_matches_uninterrupted(tiny_cfg, tmp_path):
     ref = train(ref_cfg)
 
     cfg = tiny_cfg(out_dir=str(tmp_path / "killed"), steps=n, ckpt_every=n // 2)
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    # the worker runs as many intra-op threads as this process: a GEMM split over a different number
+    # of threads may round differently, and the claim below is bitwise
+    env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}
     # killed one step after the step-4 checkpoint: step 5 is lost and must be redone
     proc = subprocess.run(
         [sys.executable, "-c", WORKER, json.dumps(cfg.to_dict()), str(n // 2 + 1)],

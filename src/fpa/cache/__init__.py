@@ -25,11 +25,12 @@ The policy runs after every forward call (each prefill chunk, each decode step),
 prefilled in chunks never holds more than budget + chunk keys per head (keys held; the allocated
 slots may exceed that by the compaction slack, see fpa.ops.cached.storage). Each (row, KV head) keeps
 its own number of keys in its own blocks of a shared pool (paged storage, fpa.ops.cached.storage):
-evicted slots become holes, a row is compacted once its holes reach max(block, 5% of its keys),
-freed blocks are reused, so bytes held <= 1.15 x the kept keys' bytes + 3 blocks per row. The
-attention reads the pool block by block (fpa.ops.cached.paged); holes never change outputs (tested
-against the full forward and against dense attention over exactly the kept keys). docs/cache.md
-has the layout and the measured figures.
+evicted slots become holes, a row is compacted once its holes reach max(block, 5% of its keys)
+(checked once every block_size tokens, so that decode steps read no device value: docs/cache.md,
+"Host syncs while decoding"), freed blocks are reused, so bytes held <= 1.15 x the kept keys'
+bytes + 3 blocks per row after every such check. The attention reads the pool block by block
+(fpa.ops.cached.paged); holes never change outputs (tested against the full forward and against
+dense attention over exactly the kept keys). docs/cache.md has the layout and the measured figures.
 
 Walk mode: with threshold 0 the rule is exactly P3's stack pop (tested against a list
 simulation); with threshold > 0 the same rule is applied as is, which can drop a key below the

@@ -13,7 +13,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from fpa.cache.layer import LayerCache
-from fpa.cache.policies import Policy, top_k_keep
+from fpa.cache.policies import Policy, _BudgetPolicy, top_k_keep
 
 
 class RuleThenBudget(Policy):
@@ -22,7 +22,7 @@ class RuleThenBudget(Policy):
 
     def __init__(self, rule: Policy, budget_policy: Policy):
         super().__init__()
-        if not hasattr(budget_policy, "budget") or not hasattr(budget_policy, "score"):
+        if not isinstance(budget_policy, _BudgetPolicy):
             raise ValueError(
                 f"budget_policy must be a budget policy (SlidingWindow, StreamingLLM, TOVA, H2O), got {budget_policy!r}"
             )
@@ -31,11 +31,12 @@ class RuleThenBudget(Policy):
         self.name = f"{rule.name}+{budget_policy.name}"
 
     def check_layer(self, layer: LayerCache) -> None:
+        """Raise ValueError if either policy cannot run on the layer."""
         self.rule.check_layer(layer)
         self.budget_policy.check_layer(layer)
 
     def keep_mask(self, layer: LayerCache) -> Tensor:
         """(N, P) bool, pool layout (see fpa.cache.policies)."""
-        st = layer.store
+        st = layer.configured()[0]
         survivors = st.to_dense(self.rule.keep_mask(layer) & st.pool["valid"], False).view(st["valid"].shape)
         return st.from_dense(top_k_keep(self.budget_policy.score(layer), survivors, self.budget_policy.budget))

@@ -10,13 +10,18 @@ prompt-lookup decoding), beam-search reordering. The layers never call ``update`
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import torch
 from torch import Tensor
 
-try:  # a transformers cache layer when transformers is installed (the models extra)
+if TYPE_CHECKING:
     from transformers.cache_utils import CacheLayerMixin
-except ImportError:  # pragma: no cover - core install: fpa.cache works without transformers
-    CacheLayerMixin = object
+else:
+    try:  # a transformers cache layer when transformers is installed (the models extra)
+        from transformers.cache_utils import CacheLayerMixin
+    except ImportError:  # pragma: no cover - core install: fpa.cache works without transformers
+        CacheLayerMixin = object
 
 from fpa.ops.cached.state import LayerInfo, LayerState
 from fpa.ops.cached.storage import PAD_BIG
@@ -44,24 +49,32 @@ class LayerCache(LayerState, CacheLayerMixin):
         self.is_initialized = False
 
     def configure(self, info: LayerInfo) -> None:
+        """``LayerState.configure``, and mark the layer initialised for transformers."""
         super().configure(info)
         self.is_initialized = True
 
     # --- transformers CacheLayerMixin interface -------------------------------------------------
+    # transformers declares keys / values as plain attributes; here they are read-only views
     @property
-    def keys(self) -> Tensor | None:
+    def keys(self) -> Tensor | None:  # type: ignore[override]
         """(B, Hkv, C, D) a padded dense COPY of the stored keys (``store["valid"]`` tells which
         slots hold a key); for inspection only, decoding never builds it."""
         return None if self.store is None or "k" not in self.store else self.store["k"]
 
     @property
-    def values(self) -> Tensor | None:
+    def values(self) -> Tensor | None:  # type: ignore[override]
+        """(B, Hkv, C, Dv) a padded dense COPY of the stored values, as ``keys``."""
         return None if self.store is None or "v" not in self.store else self.store["v"]
 
     def lazy_initialization(self, key_states: Tensor, value_states: Tensor) -> None:
         """Nothing to do: the store is created by ``configure`` on the layer's first call."""
 
-    def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs):
+    def update(self, key_states: Tensor, value_states: Tensor, *args: Any, **kwargs: Any) -> tuple[Tensor, Tensor]:
+        """Not supported: FPA attention layers write with ``append``.
+
+        Raises:
+            NotImplementedError: always.
+        """
         raise NotImplementedError(
             "FPA attention layers write to their LayerCache with append(); "
             "an FPACache cannot serve a model that calls Cache.update"
@@ -71,33 +84,39 @@ class LayerCache(LayerState, CacheLayerMixin):
         """Tokens seen so far, padding included (not keys held)."""
         return self.length
 
-    def get_mask_sizes(self, query, *args, **kwargs) -> tuple[int, int]:
-        """(kv_length, kv_offset) for a query of ``query`` tokens (transformers >= 5.3: an int;
-        earlier: the cache_position tensor)."""
-        q = query if isinstance(query, int) else int(query.shape[-1])
+    def get_mask_sizes(self, query_length: int | Tensor, *args: Any, **kwargs: Any) -> tuple[int, int]:
+        """(kv_length, kv_offset) for a query of ``query_length`` tokens (transformers >= 5.3: an
+        int; earlier: the cache_position tensor, of which only the shape is read)."""
+        q = query_length if isinstance(query_length, int) else int(query_length.shape[-1])
         return self.length + q, 0
 
     def get_max_length(self) -> int:
+        """-1: the cache has no maximum length."""
         return -1
 
     def get_max_cache_shape(self) -> int:
+        """-1: the cache has no maximum shape."""
         return -1
 
-    def offload(self) -> None:  # the paged store stays where it is
-        pass
+    def offload(self) -> None:
+        """Nothing: the paged store stays where it is."""
 
     def prefetch(self) -> None:
-        pass
+        """Nothing: the paged store stays where it is."""
 
     def reset(self) -> None:
-        self.__init__(self.is_croppable, self.block_size)
+        """Forget every token (the settings FPACache gave the layer stay)."""
+        need_weights, chunk_policy = self.need_weights, self.chunk_policy
+        LayerCache.__init__(self, self.is_croppable, self.block_size)
+        self.need_weights, self.chunk_policy = need_weights, chunk_policy
 
     def reorder_cache(self, beam_idx: Tensor) -> None:
         """Select / reorder batch rows (beam search)."""
         self.batch_select_indices(beam_idx)
 
     def batch_select_indices(self, indices: Tensor) -> None:
-        if self.store is None:
+        """Keep the batch rows ``indices`` ((n,) ids or a (B,) bool mask), in that order."""
+        if self.store is None or self.next_position is None:
             return
         idx = torch.as_tensor(indices, device=self.next_position.device).reshape(-1)
         if idx.dtype == torch.bool:
@@ -109,6 +128,7 @@ class LayerCache(LayerState, CacheLayerMixin):
         self._fields = [f.index_select(0, idx.to(f.device)) for f in self._fields]
 
     def batch_repeat_interleave(self, repeats: int) -> None:
+        """Repeat every batch row ``repeats`` times in place (row b becomes rows b * repeats ...)."""
         if self.next_position is not None:
             n = self.next_position.shape[0]
             self.batch_select_indices(torch.arange(n, device=self.next_position.device).repeat_interleave(repeats))
@@ -118,7 +138,7 @@ class LayerCache(LayerState, CacheLayerMixin):
         ``n > 0`` keeps the first n (earlier versions), ``n == 0`` does nothing. Only while nothing
         was evicted (``is_croppable``: an FPACache without a policy)."""
         keep = self.length + n if n < 0 else (self.length if n == 0 else n)
-        if keep >= self.length or self.store is None:
+        if keep >= self.length or self.store is None or self.next_position is None:
             return
         if not self.is_croppable:
             raise ValueError(

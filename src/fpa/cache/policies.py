@@ -15,7 +15,11 @@ group's query heads). With num_kv_heads == num_heads this is simply per head.
 seen, where both are summed over layers, batch rows and KV heads. Every (layer, row, KV head)
 has seen the same number of tokens, so this is also the plain mean over layers, rows and KV heads
 of held / seen. NaN before the first application. A policy object reports the last cache it
-was applied to; use one policy per cache.
+was applied to; use one policy per cache. The counts stay on the device until it is read.
+
+Host syncs: computing a keep mask reads no device value (every size comes from the store's host
+copies of its fills); the store then reclaims the evicted slots once every ``block_size`` tokens
+(fpa.ops.cached.storage), which reads a few values then.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import torch
 from torch import Tensor
 
 from fpa.cache.layer import LayerCache
+from fpa.ops.cached.storage import PagedStore
 
 
 class Policy:
@@ -34,28 +39,32 @@ class Policy:
     name = "policy"
     needs_weights = False
 
-    def __init__(self):
-        self._held = 0
-        self._seen = 0
+    def __init__(self) -> None:
+        self._held: Tensor | int = 0
+        self._seen: Tensor | int = 0
 
     @property
     def kept_fraction(self) -> float:
-        return self._held / self._seen if self._seen else float("nan")
+        """Keys held / keys seen after the latest application (NaN before the first one)."""
+        held, seen = int(self._held), int(self._seen)
+        return held / seen if seen else float("nan")
 
-    def record(self, held: int, seen: int) -> None:
+    def record(self, held: Tensor | int, seen: Tensor | int) -> None:
+        """Remember the keys held and seen (ints, or 0-dim tensors read only by ``kept_fraction``)."""
         self._held, self._seen = held, seen
 
     def check_layer(self, layer: LayerCache) -> None:
         """Raise ValueError if this policy cannot run on the layer's attention type."""
 
     def keep_mask(self, layer: LayerCache) -> Tensor:  # pragma: no cover - abstract
+        """(N, P) bool in the layer's pool layout: True for the slots to keep."""
         raise NotImplementedError
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name})"
 
 
-def _check_threshold(threshold) -> float:
+def _check_threshold(threshold: object) -> float:
     if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or math.isnan(threshold) or threshold < 0:
         raise ValueError(f"threshold must be a number >= 0 (math.inf keeps everything), got {threshold!r}")
     return float(threshold)
@@ -64,7 +73,9 @@ def _check_threshold(threshold) -> float:
 def penalties(layer: LayerCache) -> Tensor:
     """(N, P, G) pool layout: beta_h * max(0, level_j - m_j), the penalty every later query of
     query head h (the g-th of its KV head's group) gives key j at least."""
-    st, info = layer.store, layer.info
+    st, info = layer.configured()
+    if info.beta is None:
+        raise ValueError(f"a {info.kind!r} layer reports no beta: its keys have no penalty")
     beta = info.beta.float().to(st.owner.device).reshape(-1, info.groups)  # (Hkv, G)
     b = beta[st.block_rows() % st.Hkv]  # (N, G)
     return b[:, None, :] * torch.relu(st.pool["level"] - st.pool["pm"])
@@ -92,15 +103,17 @@ class _ThresholdEviction(Policy):
         self.within_chunks = within_chunks
 
     def check_layer(self, layer: LayerCache) -> None:
-        if layer.info.kind != self.kind:
-            raise ValueError(
-                f"{type(self).__name__} needs a model with attention={self.kind!r}, got a {layer.info.kind!r} layer"
-            )
+        """Raise ValueError unless the layer's attention is this rule's kind."""
+        kind = layer.configured()[1].kind
+        if kind != self.kind:
+            raise ValueError(f"{type(self).__name__} needs a model with attention={self.kind!r}, got a {kind!r} layer")
 
     def effective_threshold(self, layer: LayerCache) -> float:
+        """The threshold applied to ``layer``'s penalties."""
         return self.threshold
 
     def keep_mask(self, layer: LayerCache) -> Tensor:
+        """(N, P) bool: False where every query head of the group has a penalty above the threshold."""
         evict = penalties(layer) > self.effective_threshold(layer)
         return ~group_all(evict)
 
@@ -128,15 +141,21 @@ class FPAEviction(_ThresholdEviction):
         self.name = f"fpa(tau={self.threshold:g}{extra})"
 
     def check_layer(self, layer: LayerCache) -> None:
+        """Raise ValueError unless the layer is FPA (and, if certified, has qk-norm)."""
         super().check_layer(layer)
-        if self.certified and layer.info.content_bound is None:
+        self.effective_threshold(layer)
+
+    def effective_threshold(self, layer: LayerCache) -> float:
+        """The threshold, plus 2c if certified (c: the layer's bound on content logits)."""
+        if not self.certified:
+            return self.threshold
+        bound = layer.configured()[1].content_bound
+        if bound is None:
             raise ValueError(
                 "FPAEviction(certified=True) needs a model with qk_norm=True "
                 "(the bound on content logits comes from the qk-norm weights)"
             )
-
-    def effective_threshold(self, layer: LayerCache) -> float:
-        return self.threshold + (2 * layer.info.content_bound if self.certified else 0.0)
+        return self.threshold + 2 * bound
 
 
 class FoXEviction(_ThresholdEviction):
@@ -149,13 +168,13 @@ class FoXEviction(_ThresholdEviction):
         self.name = f"fox(tau={self.threshold:g}{', within chunks' if within_chunks else ''})"
 
 
-def _check_budget(budget) -> int:
+def _check_budget(budget: object) -> int:
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
         raise ValueError(f"budget must be a positive int (keys kept per head), got {budget!r}")
     return budget
 
 
-def _check_part(name: str, value, budget: int) -> int:
+def _check_part(name: str, value: object, budget: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= budget:
         raise ValueError(f"{name} must be an int in [0, budget={budget}], got {value!r}")
     return value
@@ -176,16 +195,25 @@ def top_k_keep(score: Tensor, valid: Tensor, budget: int) -> Tensor:
     return keep & valid
 
 
+def _store(layer: LayerCache) -> PagedStore:
+    """The layer's paged store (ValueError if the layer never ran)."""
+    return layer.configured()[0]
+
+
 class _BudgetPolicy(Policy):
+    """Keep the ``budget`` valid keys of highest ``score`` per (row, KV head)."""
+
     def __init__(self, budget: int):
         super().__init__()
         self.budget = _check_budget(budget)
 
     def score(self, layer: LayerCache) -> Tensor:  # pragma: no cover - abstract
+        """(B, Hkv, C) per-slot score in the order of ``layer.store[...]`` (higher is kept first)."""
         raise NotImplementedError
 
     def keep_mask(self, layer: LayerCache) -> Tensor:
-        st = layer.store
+        """(N, P) bool: the ``budget`` valid slots of highest score per (row, KV head)."""
+        st = _store(layer)
         return st.from_dense(top_k_keep(self.score(layer), st["valid"], self.budget))
 
 
@@ -196,8 +224,9 @@ class SlidingWindow(_BudgetPolicy):
         super().__init__(budget)
         self.name = f"window(N={self.budget})"
 
-    def score(self, layer):
-        return layer.store["pos"]
+    def score(self, layer: LayerCache) -> Tensor:
+        """The position: the newest keys score highest."""
+        return _store(layer)["pos"]
 
 
 class StreamingLLM(_BudgetPolicy):
@@ -208,8 +237,9 @@ class StreamingLLM(_BudgetPolicy):
         self.sinks = _check_part("sinks", sinks, self.budget)
         self.name = f"streamingllm(N={self.budget}, sinks={sinks})"
 
-    def score(self, layer):
-        pos = layer.store["pos"]
+    def score(self, layer: LayerCache) -> Tensor:
+        """The position, +inf for the first ``sinks`` positions."""
+        pos = _store(layer)["pos"]
         return pinned(pos, pos < self.sinks)
 
 
@@ -223,8 +253,9 @@ class TOVA(_BudgetPolicy):
         super().__init__(budget)
         self.name = f"tova(N={self.budget})"
 
-    def score(self, layer):
-        return layer.store["last"]
+    def score(self, layer: LayerCache) -> Tensor:
+        """The last query's attention weight (mean over the KV head's query heads)."""
+        return _store(layer)["last"]
 
 
 class H2O(_BudgetPolicy):
@@ -239,5 +270,9 @@ class H2O(_BudgetPolicy):
         self.recent = _check_part("recent", self.budget // 2 if recent is None else recent, self.budget)
         self.name = f"h2o(N={self.budget}, recent={self.recent})"
 
-    def score(self, layer):
-        return pinned(layer.store["score"], layer.store["pos"] >= layer.next_position[:, None, None] - self.recent)
+    def score(self, layer: LayerCache) -> Tensor:
+        """The accumulated attention weight, +inf for the last ``recent`` positions."""
+        st = _store(layer)
+        if layer.next_position is None:
+            raise ValueError("H2O needs a layer that holds tokens")
+        return pinned(st["score"], st["pos"] >= layer.next_position[:, None, None] - self.recent)

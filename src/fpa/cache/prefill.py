@@ -2,20 +2,23 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
 from fpa.cache.cache import FPACache
 
 
-def _check_chunk(chunk_size) -> int:
+def _check_chunk(chunk_size: object) -> int:
+    """chunk_size, or ValueError unless it is a positive int."""
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
     return chunk_size
 
 
 @torch.no_grad()
-def prefill(model, input_ids: Tensor, cache: FPACache, chunk_size: int = 512) -> Tensor:
+def prefill(model: Any, input_ids: Tensor, cache: FPACache, chunk_size: int = 512) -> Tensor:
     """Run input_ids (B, T) through the model in chunks of chunk_size tokens, filling ``cache``
     (the policy is applied after each chunk, so at most budget + chunk_size keys are ever held).
     Returns the logits of the last position, (B, vocab)."""
@@ -24,7 +27,7 @@ def prefill(model, input_ids: Tensor, cache: FPACache, chunk_size: int = 512) ->
     if input_ids.dim() != 2 or input_ids.shape[1] == 0:
         raise ValueError(f"input_ids must have shape (B, T) with T >= 1, got {tuple(input_ids.shape)}")
     chunk_size = _check_chunk(chunk_size)
-    logits = None
+    logits = torch.empty(0)  # replaced by the first chunk's (T >= 1: at least one chunk)
     for a in range(0, input_ids.shape[1], chunk_size):
         logits = model(input_ids[:, a : a + chunk_size], past_key_values=cache, use_cache=True).logits[:, -1]
     return logits
@@ -32,7 +35,7 @@ def prefill(model, input_ids: Tensor, cache: FPACache, chunk_size: int = 512) ->
 
 @torch.no_grad()
 def generate(
-    model,
+    model: Any,
     input_ids: Tensor,
     cache: FPACache,
     max_new_tokens: int,

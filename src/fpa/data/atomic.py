@@ -12,8 +12,13 @@ from pathlib import Path
 from typing import BinaryIO
 
 
-def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
-    """Call ``write(f)`` on a temp file beside ``path``, then atomically move it to ``path``."""
+def atomic_write(path: str | Path, write: Callable[[BinaryIO], object]) -> None:
+    """Call ``write(f)`` on a temp file beside ``path``, then atomically move it to ``path``.
+
+    Args:
+        path: The destination; its folder is created if missing.
+        write: Writes the content to the open binary file; its return value is ignored.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -33,10 +38,12 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
+    """Atomically write ``text`` to ``path`` as UTF-8."""
     atomic_write(path, lambda f: f.write(text.encode("utf-8")))
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Atomically write ``data`` to ``path``."""
     atomic_write(path, lambda f: f.write(data))
 
 

@@ -159,6 +159,7 @@ def _write_shards(
     (tokenizer, documents per split, shard descriptions per split)."""
     phase = int.from_bytes(hashlib.blake2b(str(seed).encode(), digest_size=8).digest(), "little") / 2**64
     docs = lambda: capped(iter_documents(source), max_bytes)  # noqa: E731
+    tok: ByteTokenizer | BPETokenizer
     if tokenizer == "byte":
         tok = ByteTokenizer()
     else:

@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -21,10 +22,12 @@ SHARD_TOKENS = 1 << 26
 
 
 def dtype_for_vocab(vocab_size: int) -> np.dtype:
+    """The shard dtype of a vocabulary: uint16 when every id fits, else uint32."""
     return np.dtype(np.uint16 if vocab_size <= 65535 else np.uint32)
 
 
 def sha256_file(path: Path) -> str:
+    """The hex sha256 digest of a file, read in 4 MiB blocks."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 22), b""):
@@ -42,17 +45,23 @@ class ShardWriter:
     def __init__(self, out_dir: Path, split: str, dtype: np.dtype, shard_tokens: int = SHARD_TOKENS):
         self.out_dir, self.split, self.dtype, self.shard_tokens = Path(out_dir), split, np.dtype(dtype), shard_tokens
         self.done: list[dict] = []
-        self._f = None
+        self._f: BinaryIO | None = None
+        self._name = ""
         self._n = 0
 
-    def _open(self) -> None:
+    def _open(self) -> BinaryIO:
         name = f"{self.split}-{len(self.done):05d}.bin"
-        self._f, self._name, self._n = open(self.out_dir / (name + ".tmp"), "wb"), name, 0
+        f = open(self.out_dir / (name + ".tmp"), "wb")
+        self._f, self._name, self._n = f, name, 0
+        return f
 
     def _finish(self) -> None:
-        self._f.flush()
-        os.fsync(self._f.fileno())
-        self._f.close()
+        f = self._f
+        if f is None:
+            raise RuntimeError("ShardWriter has no open shard to finish")
+        f.flush()
+        os.fsync(f.fileno())
+        f.close()
         tmp = self.out_dir / (self._name + ".tmp")
         os.replace(tmp, self.out_dir / self._name)
         self.done.append({"file": self._name, "tokens": self._n, "sha256": sha256_file(self.out_dir / self._name)})
@@ -62,16 +71,16 @@ class ShardWriter:
         """tokens: (n,) integer array; values must fit in the dtype."""
         tokens = np.asarray(tokens).astype(self.dtype, copy=False)
         while tokens.size:
-            if self._f is None:
-                self._open()
+            f = self._open() if self._f is None else self._f
             take = min(tokens.size, self.shard_tokens - self._n)
-            self._f.write(tokens[:take].tobytes())
+            f.write(tokens[:take].tobytes())
             self._n += take
             tokens = tokens[take:]
             if self._n == self.shard_tokens:
                 self._finish()
 
     def close(self) -> list[dict]:
+        """Finish the open shard, if any, and return the descriptions of every shard written."""
         if self._f is not None:
             self._finish()
         return self.done
@@ -88,6 +97,11 @@ class ShardWriter:
 
 
 def read_meta(data_dir: str | Path) -> dict:
+    """The parsed ``meta.json`` of a prepared data folder.
+
+    Raises:
+        ValueError: If the folder has no ``meta.json`` or it is unreadable or lacks its fields.
+    """
     path = Path(data_dir) / META
     if not path.is_file():
         raise ValueError(

@@ -23,6 +23,8 @@ CHUNK_BYTES = 1 << 16
 
 @dataclass(frozen=True)
 class Document:
+    """One document of a corpus: a name locating it (file, line or chunk) and its text."""
+
     name: str
     text: str
 
@@ -70,6 +72,12 @@ def _chunks(name: str, text: str) -> Iterator[Document]:
 
 
 def file_documents(path: Path) -> Iterator[Document]:
+    """The documents of one file: one per non-empty line of a ``.jsonl`` (its ``text`` field),
+    else the file's text in chunks of about ``CHUNK_BYTES`` cut at line boundaries.
+
+    Raises:
+        ValueError: If a ``.jsonl`` line is not a JSON object with a ``text`` field.
+    """
     if path.suffix == ".jsonl":
         with path.open(encoding="utf-8") as f:
             for i, line in enumerate(f):

@@ -37,14 +37,21 @@ class ByteTokenizer:
     bos_id = None
 
     def encode(self, text: str) -> list[int]:
+        """The UTF-8 bytes of ``text`` as ids (lone surrogates encoded with ``surrogatepass``).
+
+        Raises:
+            ValueError: If ``text`` is not a str.
+        """
         if not isinstance(text, str):
             raise ValueError(f"text must be a str, got {type(text).__name__}")
         return list(text.encode("utf-8", "surrogatepass"))
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """``[encode(t) for t in texts]``."""
         return [self.encode(t) for t in texts]
 
     def decode(self, ids: Iterable[int]) -> str:
+        """The text of ``ids``: the eos id is dropped, invalid UTF-8 becomes U+FFFD."""
         data = bytes(int(i) for i in ids if 0 <= int(i) < 256)
         try:
             return data.decode("utf-8", "surrogatepass")
@@ -52,6 +59,7 @@ class ByteTokenizer:
             return data.decode("utf-8", "replace")
 
     def save(self, directory: str | Path) -> None:
+        """Write ``fpa_tokenizer.json`` into ``directory`` for ``load_tokenizer``."""
         atomic_write_text(Path(directory) / TOKENIZER_META, json.dumps({"kind": self.kind}) + "\n")
 
 
@@ -92,6 +100,11 @@ class BPETokenizer:
         return cls(tok)
 
     def encode(self, text: str) -> list[int]:
+        """The BPE ids of ``text``, without special tokens.
+
+        Raises:
+            ValueError: If ``text`` is not a str.
+        """
         if not isinstance(text, str):
             raise ValueError(f"text must be a str, got {type(text).__name__}")
         return self._tok.encode(text, add_special_tokens=False).ids
@@ -104,9 +117,11 @@ class BPETokenizer:
         return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=False)]
 
     def decode(self, ids: Iterable[int]) -> str:
+        """The text of ``ids``, with the eos id dropped."""
         return self._tok.decode([int(i) for i in ids if int(i) != self.eos_id], skip_special_tokens=False)
 
     def save(self, directory: str | Path) -> None:
+        """Write ``tokenizer.json`` and ``fpa_tokenizer.json`` into ``directory`` for ``load_tokenizer``."""
         directory = Path(directory)
         atomic_write_text(directory / BPE_FILE, self._tok.to_str())
         atomic_write_text(directory / TOKENIZER_META, json.dumps({"kind": self.kind, "file": BPE_FILE}) + "\n")

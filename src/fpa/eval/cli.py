@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import cast
 
 
 def _floats(s: str) -> tuple[float, ...]:
@@ -101,7 +102,7 @@ def load_checked(model_dir: Path, device: str):
     bar = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
     try:
-        model, info = FPAForCausalLM.from_pretrained(model_dir, output_loading_info=True)
+        loaded = FPAForCausalLM.from_pretrained(model_dir, output_loading_info=True)
     except RuntimeError as e:  # transformers raises it for mis-shaped tensors
         raise ValueError(f"--model: the weights in {model_dir} do not match config.json: {e}") from None
     except (OSError, ValueError, KeyError) as e:
@@ -113,13 +114,15 @@ def load_checked(model_dir: Path, device: str):
     finally:
         if bar:
             hf_logging.enable_progress_bar()
+    # with output_loading_info=True, from_pretrained returns (model, loading info), unlike its annotation
+    model, info = cast("tuple[FPAForCausalLM, dict[str, list[str]]]", loaded)
     bad = {k: v for k, v in info.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}
     if bad:
         raise ValueError(
             f"--model: the weights in {model_dir} do not match config.json: "
             + "; ".join(f"{k} {sorted(map(str, v))[:5]}" for k, v in bad.items())
         )
-    return model.to(device).eval()
+    return model.to(device).eval()  # type: ignore[arg-type]  # transformers' @wraps(Module.to) stub keeps self
 
 
 def run_eval(args) -> int:
@@ -209,6 +212,7 @@ def run_eval(args) -> int:
 
 
 def add_parser(subparsers) -> None:
+    """Register the ``fpa eval`` subcommand on the top-level parser's ``subparsers``."""
     e = subparsers.add_parser(
         "eval",
         help="evaluate a trained model: per-position loss, passkey grid, cache policies",

@@ -29,12 +29,15 @@ def _factory(policy: str, setting: float | None, hybrid_threshold: float):
 
     if policy == "full":
         return None
+    if setting is None:
+        raise ValueError(f"setting must be a number for policy {policy!r}, got None")
+    value = float(setting)
 
     def make(length: int):
         if policy in THRESHOLD_RULES:
-            p = make_policy(policy, threshold=float(setting))
+            p = make_policy(policy, threshold=value)
         else:
-            p = make_policy(policy, budget=budget_for(float(setting), length), threshold=hybrid_threshold)
+            p = make_policy(policy, budget=budget_for(value, length), threshold=hybrid_threshold)
         return FPACache(p), p
 
     return make

@@ -33,10 +33,10 @@ def greedy_decode(
     T = input_ids.shape[1]
 
     step = T if chunk_size is None else chunk_size
-    logits = None
     for a in range(0, T, step):
         out = model(input_ids=input_ids[:, a : a + step], past_key_values=cache, use_cache=True)
-        cache, logits = output_cache(out), out.logits[:, -1]
+        cache = output_cache(out)
+    logits = out.logits[:, -1]  # T >= 1, so the prefill ran at least once
     new = []
     for i in range(max_new_tokens):
         tok = logits.argmax(-1, keepdim=True)  # (B, 1)

@@ -54,15 +54,17 @@ def passkey_example(model, tokenizer, length: int, depth: float, seed: int = 0) 
     model.eval()
     inputs = _capture_inputs(model, ids)
     span = slice(prompt.needle_start, prompt.needle_start + prompt.needle_len)
-    best = None
+    best: tuple[float, int, int, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
     for i, (block, x) in enumerate(zip(model.model.layers, inputs)):
         field, level, w = fpa_head_maps(block.attn, x)
         mass = w[:, span].sum(-1)
         h = int(mass.argmax())
         if best is None or float(mass[h]) > best[0]:
             best = (float(mass[h]), i, h, field[h], level[h], w[h])
+    if best is None:
+        raise ValueError("model has no attention layers")
     new, _ = greedy_decode(model, ids, max_answer_tokens(tokenizer, len(prompt.key)))
-    mass, layer, head, field, level, w = best
+    needle_mass, layer, head, best_field, best_level, best_w = best
     return {
         "ids": prompt.ids.tolist(),
         "key": prompt.key,
@@ -72,8 +74,8 @@ def passkey_example(model, tokenizer, length: int, depth: float, seed: int = 0) 
         "generated": tokenizer.decode(new[0].tolist()),
         "layer": layer,
         "head": head,
-        "needle_mass": mass,
-        "field": field.tolist(),
-        "level": level.tolist(),
-        "attention": w.tolist(),
+        "needle_mass": needle_mass,
+        "field": best_field.tolist(),
+        "level": best_level.tolist(),
+        "attention": best_w.tolist(),
     }

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from fpa.eval.decode import output_cache
+from fpa.eval.passkey import ReportsKeptFraction
 
 
 def fit_exponent(lengths: Sequence[float], kept: Sequence[float]) -> float:
@@ -27,7 +28,11 @@ def fit_exponent(lengths: Sequence[float], kept: Sequence[float]) -> float:
 
 @torch.no_grad()
 def kept_keys_growth(
-    model, ids: torch.Tensor, make_cache: Callable[[], tuple[object, object]], lengths: Sequence[int], chunk_size: int
+    model,
+    ids: torch.Tensor,
+    make_cache: Callable[[], tuple[object, ReportsKeptFraction]],
+    lengths: Sequence[int],
+    chunk_size: int,
 ) -> dict:
     """Stream ``ids`` (1, N) through ``model`` in chunks of ``chunk_size`` tokens with the cache and
     policy from ``make_cache()``; after ``L`` tokens for each L in ``lengths`` (multiples of

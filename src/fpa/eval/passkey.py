@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -16,8 +17,18 @@ from tqdm.auto import tqdm
 from fpa.eval.decode import greedy_decode
 from fpa.tasks.passkey import is_correct, make_prompt, max_answer_tokens
 
-# make_cache(length) -> (cache object passed as past_key_values, policy with .kept_fraction or None)
-CacheFactory = Callable[[int], tuple[object, object]]
+
+class ReportsKeptFraction(Protocol):
+    """A cache policy that reports, after its latest application, the keys held over the keys seen."""
+
+    @property
+    def kept_fraction(self) -> float:
+        """Keys held divided by keys seen (NaN before any application)."""
+        ...
+
+
+# make_cache(length) -> (cache object passed as past_key_values, its policy, or None for the full cache)
+CacheFactory = Callable[[int], tuple[object, ReportsKeptFraction | None]]
 
 
 def cell_prompts(tokenizer, length: int, depth: float, depth_index: int, trials: int, seed: int):

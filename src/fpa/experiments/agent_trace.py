@@ -32,9 +32,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fpa.cache import FPACache, Policy
-from fpa.experiments.capacity import TrainConfig, lr_factor
+from fpa.experiments.capacity import SynthRecipe, lr_factor
 from fpa.layers.attention import FirstPassageAttention
-from fpa.tasks.nested import PUSH, CallsTask, sample_walk
+from fpa.tasks.nested import CallsTask, sample_walk
 from fpa.tasks.packed import PackedModels
 
 CALL, RETURN, OBS = (0, 1), (2, 3), (4, 5)
@@ -88,7 +88,14 @@ class TokenOffsetWalk(FirstPassageAttention):
         step, offset = nn.Linear(hidden_size, num_heads), nn.Linear(hidden_size, num_heads)
         with torch.no_grad():
             self.increment_proj.weight.copy_(nn.init.normal_(step.weight, std=field_init_std))
-            self.level_offset_proj.weight.copy_(nn.init.normal_(offset.weight, std=field_init_std))
+            self.token_offset_proj.weight.copy_(nn.init.normal_(offset.weight, std=field_init_std))
+
+    @property
+    def token_offset_proj(self) -> nn.Linear:
+        """The per-token level offset head u . x_t + c (``level_offset="token"`` always builds it)."""
+        if self.level_offset_proj is None:
+            raise RuntimeError("TokenOffsetWalk has no level_offset_proj: level_offset must be 'token'")
+        return self.level_offset_proj
 
 
 class OneHotHead(nn.Module):
@@ -101,9 +108,11 @@ class OneHotHead(nn.Module):
         self.attn, self.vocab_size = attn, vocab_size
 
     def hidden(self, tokens: Tensor) -> Tensor:
+        """tokens (B, 1, T) -> one-hot layer input (B, T, V)."""
         return F.one_hot(tokens[:, 0], self.vocab_size).float()
 
     def readout_all(self, y: Tensor) -> Tensor:
+        """Layer output (B, T, V) -> the prediction, hidden unit 0, at every position (B, 1, T)."""
         return y[..., 0][:, None]
 
 
@@ -138,8 +147,8 @@ def constructed_offset_head(beta: float = 20.0, content: float = 20.0, offset: f
     layer.increment_proj.weight.copy_(torch.tensor([1.0, -1.0, 0.0, 0.0])[kind][None])
     layer.increment_proj.bias.zero_()
     soft_inv = math.log(math.expm1(offset))
-    layer.level_offset_proj.weight.copy_(torch.where(kind == 0, -60.0, soft_inv)[None])
-    layer.level_offset_proj.bias.zero_()
+    layer.token_offset_proj.weight.copy_(torch.where(kind == 0, -60.0, soft_inv)[None])
+    layer.token_offset_proj.bias.zero_()
     layer.set_beta_(beta)
     layer.k_proj.weight.copy_(torch.where(kind == 0, 1.0, -1.0)[None])
     layer.q_proj.weight.fill_(content)
@@ -219,7 +228,7 @@ def train_walk_head(
     loss in tolerance units, Adam with warm-up and cosine decay (``fpa.experiments.capacity``).
     Returns the model and the loss every 10 steps."""
     task = CallsTask()
-    cfg = TrainConfig(steps=steps, batch=batch, lr=lr)
+    cfg = SynthRecipe(steps=steps, batch=batch, lr=lr)
     torch.manual_seed(seed)
     rng = np.random.default_rng([seed, 14])
     model = make_head(variant, dim, cfg.embed_dim, layer_kwargs)
@@ -247,7 +256,7 @@ def train_walk_head(
 
 @torch.no_grad()
 def decode_trace(
-    model: PackedModels, trace: Trace, policy: Policy | None, chunk: int = 16, sample_every: int = 1024
+    model: PackedModels | OneHotHead, trace: Trace, policy: Policy | None, chunk: int = 16, sample_every: int = 1024
 ) -> dict:
     """Run ``model`` over the trace as a cached decoder (chunks of ``chunk`` tokens, the policy
     after each). Returns correct (T,) bool (False where the answer is undefined), and samples of
@@ -308,8 +317,3 @@ def summarise(name: str, run: dict, trace: Trace, window: int | None = None) -> 
             fraction_positions_older=float(old.sum() / max(v.sum(), 1)),
         )
     return out
-
-
-def live_push_fraction(ops: np.ndarray) -> float:
-    """Share of PUSH events in an event array (a check on generated data)."""
-    return float((ops == PUSH).mean())

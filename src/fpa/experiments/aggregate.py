@@ -7,6 +7,7 @@ import json
 import math
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -170,7 +171,7 @@ def analysis(methods: dict) -> dict:
     sa = {s["seed"]: s for s in methods[a]["seeds"]}
     sb = {s["seed"]: s for s in methods[b]["seeds"]}
     shared = sorted(set(sa) & set(sb))
-    out = {}
+    out: dict[str, Any] = {}
     for m in ("8", "16"):
         if all(m in sa[s]["passkey_by_multiple"] for s in shared):
             out[m] = paired(

@@ -29,7 +29,7 @@ EVAL_LENGTH_FACTORS = (1, 4)
 
 
 @dataclass(frozen=True)
-class TrainConfig:
+class SynthRecipe:
     """Training budget and hyperparameters, the same for every method.
 
     The defaults are the ``dense`` recipe: the loss covers every position whose per-prefix answer
@@ -72,7 +72,7 @@ RECIPES: dict[str, dict] = {
 }
 
 
-def lr_factor(cfg: TrainConfig, step: int) -> float:
+def lr_factor(cfg: SynthRecipe, step: int) -> float:
     """Multiplier of cfg.lr at ``step``: linear warm-up over cfg.warmup steps, then constant or cosine to 0."""
     if cfg.schedule not in ("cosine", "constant"):
         raise ValueError(f"schedule must be 'cosine' or 'constant', got {cfg.schedule!r}")
@@ -103,7 +103,9 @@ def _stack_seeds(task_name: str, m: int, seeds: tuple[int, ...], n: int, factor:
     )
 
 
-def make_cell_data(task: str, m: int, seeds: tuple[int, ...], cfg: TrainConfig) -> CellData:
+def make_cell_data(task: str, m: int, seeds: tuple[int, ...], cfg: SynthRecipe) -> CellData:
+    """The batches of one (task, m) cell for every seed: training, evaluation per length factor, and
+    long training batches if ``cfg.long_every``."""
     train = _stack_seeds(task, m, seeds, cfg.steps * cfg.batch, 1, 0)
     evals = {f: _stack_seeds(task, m, seeds, cfg.eval_n, f, 1) for f in EVAL_LENGTH_FACTORS}
     long = None
@@ -140,7 +142,7 @@ def train_cell(
     dim: int,
     m: int,
     seeds: tuple[int, ...],
-    cfg: TrainConfig,
+    cfg: SynthRecipe,
     data: CellData | None = None,
     layer_kwargs: dict | None = None,
 ) -> list[dict]:
@@ -158,13 +160,14 @@ def train_cell(
         lr=cfg.lr,
     )
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(cfg, step))
-    if cfg.long_every and data.train_long is None:
-        raise ValueError(
-            "cfg.long_every is set but data has no train_long batches; build it with make_cell_data(..., cfg)"
-        )
     sources = [(data.train, task_obj.prefix_answers(data.train.tokens) if cfg.dense else None)]
     if cfg.long_every:
-        sources.append((data.train_long, task_obj.prefix_answers(data.train_long.tokens) if cfg.dense else None))
+        long_batches = data.train_long
+        if long_batches is None:
+            raise ValueError(
+                "cfg.long_every is set but data has no train_long batches; build it with make_cell_data(..., cfg)"
+            )
+        sources.append((long_batches, task_obj.prefix_answers(long_batches.tokens) if cfg.dense else None))
     curve: list[list[float]] = [[] for _ in seeds]
     for step in range(cfg.steps):
         long = bool(cfg.long_every) and step % cfg.long_every == cfg.long_every - 1
@@ -218,7 +221,7 @@ def run_grid(
     dims: list[int],
     ms: list[int],
     seeds: list[int],
-    cfg: TrainConfig,
+    cfg: SynthRecipe,
     progress: bool = True,
     fpa_kwargs: dict | None = None,
 ) -> list[dict]:

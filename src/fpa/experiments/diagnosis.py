@@ -12,6 +12,7 @@ longer filler).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import numpy as np
@@ -105,7 +106,7 @@ def diagnose_misses(
         if failing:
             rid = run_id(r)
             out[rid] = stages.run(
-                f"diagnose-{rid}", lambda rid=rid, failing=failing: diagnose_seed(model_dir[rid], p.to_dict(), failing)
+                f"diagnose-{rid}", functools.partial(diagnose_seed, model_dir[rid], p.to_dict(), failing)
             )
             out[rid]["seed"] = r["seed"]
     return out

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from fpa.experiments.capacity import TrainConfig, make_cell_data, train_cell
+from fpa.experiments.capacity import SynthRecipe, make_cell_data, train_cell
 
 # every variant names its level offset, so a variant means the same whatever the library default
 LEGACY = dict(
@@ -72,12 +72,12 @@ SEEDS = tuple(range(30, 38))  # never used by the grids (0-4) or the quick prese
 
 def run(variants: dict[str, tuple] = VARIANTS, cells=CELLS, seeds=SEEDS, progress: bool = True) -> list[dict]:
     """One row per (variant, cell): success count, per-seed target mass and accuracy at 1x and 4x.
-    A variant is (layer kwargs, steps) or (layer kwargs, steps, TrainConfig overrides), e.g. a
+    A variant is (layer kwargs, steps) or (layer kwargs, steps, SynthRecipe overrides), e.g. a
     length curriculum {"long_every": 4}."""
     rows = []
     bar = tqdm(total=len(variants) * len(cells), disable=not progress, desc="diagnostic")
     for name, (kw, steps, *train_kw) in variants.items():
-        cfg = TrainConfig(steps=steps, **(train_kw[0] if train_kw else {}))
+        cfg = SynthRecipe(steps=steps, **(train_kw[0] if train_kw else {}))
         for task, m, d in cells:
             bar.set_postfix_str(f"{name} {task} m={m} d={d}")
             recs = train_cell(
@@ -108,6 +108,7 @@ def run(variants: dict[str, tuple] = VARIANTS, cells=CELLS, seeds=SEEDS, progres
 
 
 def to_markdown(rows: list[dict]) -> str:
+    """One markdown table of ``run``'s rows: successes per variant and cell, stuck runs and median 4x target mass."""
     cells = list(dict.fromkeys((r["task"], r["m"], r["dim"]) for r in rows))
     n = len(rows[0]["seeds"])
     lines = [
@@ -130,25 +131,8 @@ def to_markdown(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def report_rounds(rounds: list[tuple[str, list[dict]]]) -> str:
-    """One markdown document: a heading and a table per (note, rows) set of variants."""
-    md = [
-        "# Why one-layer FPA walk heads missed: the diagnostic",
-        "",
-        "Produced by `fpa.experiments.diagnostic` (`python -m fpa.experiments.diagnostic --out DIR` runs set 1 "
-        "with the current variant list): FPA walk only, 8 seeds never used elsewhere (30-37), the dense recipe "
-        "(lr 3e-2, batch 16). A variant is: walk increment (linear, tanh or gated), beta activation (softplus "
-        "or exp), increment bias at initialisation, level offset, training steps. 'linear, softplus, bias 0' "
-        "is FPA parametrisation version 1 (the 800-step grid); 'tanh, exp, bias 0' is version 2 without its "
-        "level offset; the library default (version 2) is 'tanh, exp, bias 0, head offset from 1'.",
-        "",
-    ]
-    for note, rows in rounds:
-        md += ["## " + note, "", to_markdown(rows).split("\n", 2)[2]]
-    return "\n".join(md)
-
-
 def main(argv: list[str] | None = None) -> int:
+    """Command line: run the diagnostic and write diagnostic.json and diagnostic.md to ``--out``."""
     from fpa.cli import writable_dir
     from fpa.data.atomic import atomic_write_bytes
 

@@ -39,7 +39,8 @@ def series_styles(names: list[str], dashed: tuple[str, ...] = ()) -> dict[str, d
     per round of ten."""
     import matplotlib
 
-    colours = matplotlib.colormaps["tab10"].colors
+    tab10 = matplotlib.colormaps["tab10"]
+    colours = [tab10(i) for i in range(10)]  # (r, g, b, 1): the ten listed colours
     out, main, extra = {}, [n for n in names if n not in dashed], [n for n in names if n in dashed]
     for i, n in enumerate(main):
         out[n] = dict(color=colours[i % 10], ls="-", marker=MARKERS[(i // 10) % len(MARKERS)])

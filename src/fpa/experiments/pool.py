@@ -8,13 +8,14 @@ and ``os.cpu_count() // jobs`` torch threads each.
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from multiprocessing import get_context
 
-from fpa.experiments.stages import Stages
+from fpa.experiments.stages import Stages, read_json
 
 Task = tuple[str, Callable[..., dict], tuple]
 
@@ -41,7 +42,7 @@ def run_tasks(
     names = [t[0] for t in tasks]
     if len(set(names)) != len(names):
         raise ValueError(f"stage names must be unique, got duplicates in {names}")
-    out = {name: stages.run(name, lambda: None) for name, _, _ in tasks if stages.done(name)}
+    out = {name: read_json(stages.output_path(name)) for name, _, _ in tasks if stages.done(name)}
     todo = [t for t in tasks if t[0] not in out]
     if not todo:
         return out
@@ -51,7 +52,7 @@ def run_tasks(
     if jobs == 1:
         for name, fn, args in todo:
             bar.set_postfix_str(name)
-            out[name] = stages.run(name, lambda fn=fn, args=args: fn(*args))
+            out[name] = stages.run(name, functools.partial(fn, *args))
             bar.update(1)
         bar.close()
         return out

@@ -16,6 +16,7 @@ A preset is one of three kinds:
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
+from typing import Any, TypedDict
 
 # base method -> (attention, fpa_mode): every configuration is one of these with overrides
 BASES = {
@@ -34,8 +35,8 @@ class MethodSpec:
 
     name: str
     base: str
-    model: dict = field(default_factory=dict)
-    train: dict = field(default_factory=dict)
+    model: dict[str, Any] = field(default_factory=dict)
+    train: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.base not in BASES:
@@ -43,21 +44,34 @@ class MethodSpec:
 
     @property
     def attention(self) -> str:
+        """The ``FPAConfig.attention`` value of the base method."""
         return BASES[self.base][0]
 
     @property
     def fpa_mode(self) -> str:
+        """The ``FPAConfig.fpa_mode`` value of the base method."""
         return BASES[self.base][1]
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
+        """The spec as a JSON-serialisable dict (the inverse of ``from_dict``)."""
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> MethodSpec:
+    def from_dict(cls, d: dict[str, Any]) -> MethodSpec:
+        """Rebuild a spec from ``to_dict`` output.
+
+        Args:
+            d: A dict with ``name`` and ``base`` and optional ``model`` and ``train`` overrides.
+
+        Returns:
+            The spec.
+        """
         return cls(name=d["name"], base=d["base"], model=dict(d.get("model", {})), train=dict(d.get("train", {})))
 
 
-def _spec(base: str, label: str = "", model: dict | None = None, train: dict | None = None) -> MethodSpec:
+def _spec(
+    base: str, label: str = "", model: dict[str, Any] | None = None, train: dict[str, Any] | None = None
+) -> MethodSpec:
     return MethodSpec(f"{base}[{label}]" if label else base, base, dict(model or {}), dict(train or {}))
 
 
@@ -94,7 +108,8 @@ SELECTED_CPU = {
 def selected_specs(selected: dict[str, tuple[str, float]]) -> tuple[tuple[MethodSpec, ...], dict[str, float]]:
     """(core MethodSpecs named after their base method, {base: tau}) from a selection."""
     by_name = {s.name: s for s in TUNING_GRID}
-    specs, taus = [], {}
+    specs: list[MethodSpec] = []
+    taus: dict[str, float] = {}
     for base, (label, tau) in selected.items():
         s = by_name[f"{base}[{label}]"]
         specs.append(MethodSpec(base, base, dict(s.model), dict(s.train)))
@@ -150,7 +165,7 @@ class ReproducePreset:
     chunk_size: int
     core: tuple[MethodSpec, ...] = ()
     seeds: tuple[int, ...] = ()
-    taus: dict = field(default_factory=dict)
+    taus: dict[str, float] = field(default_factory=dict)
     context: tuple[MethodSpec, ...] = ()
     context_seeds: tuple[int, ...] = ()
     tuning: tuple[MethodSpec, ...] = ()
@@ -166,7 +181,7 @@ class ReproducePreset:
     model_preset: str = "tiny"
     data_source: str = "stdlib"
     tokenizer: str = "byte"
-    model_overrides: dict = field(default_factory=dict)
+    model_overrides: dict[str, Any] = field(default_factory=dict)
     grad_accum: int = 1
     seed: int = 0  # the corpus split
     device: str = "cpu"
@@ -193,14 +208,46 @@ class ReproducePreset:
 
     @property
     def is_tuning(self) -> bool:
+        """Whether this is a tuning preset (a non-empty ``tuning`` grid)."""
         return bool(self.tuning)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
+        """The preset as a JSON-serialisable dict (the inverse of ``from_dict``)."""
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> ReproducePreset:
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+    def from_dict(cls, d: dict[str, Any]) -> ReproducePreset:
+        """Rebuild a preset from ``to_dict`` output, possibly after a JSON round trip.
+
+        Args:
+            d: The preset's fields; JSON lists become tuples, method dicts become ``MethodSpec``.
+
+        Returns:
+            The preset.
+        """
+        kwargs: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
+        return cls(**kwargs)
+
+
+class _Recipe(TypedDict):
+    """The training and evaluation budget shared by the CPU presets."""
+
+    train_len: int
+    steps: int
+    batch_size: int
+    lr: float
+    warmup_steps: int
+    mix_rate: float
+    mix_task: str
+    corpus_max_bytes: int | None
+    loss_multiple: int
+    loss_windows: int
+    passkey_multiples: tuple[int, ...]
+    depths: tuple[float, ...]
+    trials: int
+    chunk_size: int
+    eval_every: int | None
+    model_overrides: dict[str, Any]
 
 
 _CPU_CORE, _CPU_TAUS = selected_specs(SELECTED_CPU)
@@ -208,7 +255,7 @@ _CPU_CORE, _CPU_TAUS = selected_specs(SELECTED_CPU)
 # The CPU recipe (2 cores): 2-layer models of width 64, 1000 AdamW steps of 32 x 128 byte tokens,
 # three sequences in four replaced by a task sample (a passkey prompt, or copy lines "S is S.", a
 # third of them). Evaluation: 1x-16x the training length, 20 needle depths x 2 prompts per length.
-_CPU = dict(
+_CPU = _Recipe(
     train_len=128,
     steps=1000,
     batch_size=32,
@@ -316,6 +363,11 @@ PRESETS["smoke-tune"] = replace(
 
 
 def get_preset(name: str) -> ReproducePreset:
+    """The preset registered as ``name`` in ``PRESETS``.
+
+    Raises:
+        ValueError: If ``name`` is not a preset.
+    """
     if name not in PRESETS:
         raise ValueError(f"preset must be one of {tuple(PRESETS)}, got {name!r}")
     return PRESETS[name]

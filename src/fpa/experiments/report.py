@@ -32,6 +32,7 @@ def _mean_range(values, pct: bool = True) -> str:
 
 
 def provenance_text(results: dict) -> str:
+    """The command, commit and wall time that produced ``results`` (empty without a wall time)."""
     pv = results.get("provenance", {})
     dirty = " (the source tree differed from this commit: not a committed result)" if pv.get("dirty") else ""
     wall = pv.get("wall_s")
@@ -43,6 +44,7 @@ def provenance_text(results: dict) -> str:
 
 
 def setup_text(results: dict) -> str:
+    """One paragraph on the preset's training recipe and evaluation budget."""
     p = results["preset"]
     return (
         f"Recipe: the `{p['model_preset']}` model with {p['model_overrides']}; {p['steps']} AdamW steps x "
@@ -56,6 +58,7 @@ def setup_text(results: dict) -> str:
 
 
 def tuning_markdown(results: dict) -> str:
+    """The report of a tuning run: per configuration, validation loss and passkey, and the selected taus."""
     t, p = results["tuning"], results["preset"]
     mults = p["passkey_multiples"]
     lines = [
@@ -118,6 +121,7 @@ def _seed_table(results: dict, names: list[str]) -> list[str]:
 
 
 def method_table(results: dict, names: list[str]) -> str:
+    """Markdown table of the methods ``names``: held-out loss and passkey per length over seeds."""
     mults = results["preset"]["passkey_multiples"]
     lines = [
         "| method | role | seeds | held-out loss mean [min-max] | "
@@ -141,6 +145,7 @@ def method_table(results: dict, names: list[str]) -> str:
 
 
 def verdicts(results: dict) -> list[str]:
+    """One sentence per claim tested on the paired seeds (FPA walk against FoX); [] without a pair."""
     a, b = PAIR
     an = results.get("analysis", {}).get(f"{a} vs {b}")
     if not an:
@@ -188,6 +193,7 @@ def verdicts(results: dict) -> list[str]:
 
 
 def eviction_table(results: dict) -> str:
+    """Markdown table of each core method's own-rule eviction: kept keys and accuracy per length."""
     lines = [
         "| method | tau | length | kept mean [min-max] | own rule | full cache | window, same size | "
         "lossless (seeds judged) |",
@@ -215,6 +221,7 @@ def eviction_table(results: dict) -> str:
 
 
 def diagnosis_text(results: dict) -> list[str]:
+    """Markdown lines on why FPA walk seeds that pass the 1x control miss at 8x."""
     d = results.get("diagnosis") or {}
     if not d:
         return ["No FPA walk seed that passes the 1x control missed at 8x: nothing to diagnose."]
@@ -241,6 +248,7 @@ def diagnosis_text(results: dict) -> list[str]:
 
 
 def tuning_reference(results: dict) -> list[str]:
+    """Markdown lines naming the tuning run and the configurations and taus it selected."""
     t = results["tuning"]
     lines = [
         f"Configurations and thresholds were chosen in a separate tuning run (`{t.get('source')}`, tuning seeds "
@@ -263,6 +271,7 @@ def tuning_reference(results: dict) -> list[str]:
 
 
 def reported_markdown(results: dict) -> str:
+    """The full report of a reported or ablation run."""
     ms = results["methods"]
     core = [n for n, m in ms.items() if m["role"] == "core"]
     context = [n for n, m in ms.items() if m["role"] == "context"]
@@ -310,6 +319,7 @@ def reported_markdown(results: dict) -> str:
 
 
 def readme_snippet(results: dict) -> str:
+    """The method table, verdicts and provenance, for the README."""
     core = [n for n, m in results["methods"].items() if m["role"] in ("core", "context")]
     return (
         method_table(results, core)

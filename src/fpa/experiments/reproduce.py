@@ -60,6 +60,7 @@ def runs_of(p: ReproducePreset, methods: tuple[str, ...] | None = None) -> list[
 
 
 def run_id(run: dict) -> str:
+    """A file-name-safe id of a run: its method spec's name and its seed, e.g. ``fox-bias2-s10``."""
     name = run["spec"].name.replace("[", "-").replace("]", "").replace(",", "-").replace("=", "")
     return f"{name}-s{run['seed']}"
 

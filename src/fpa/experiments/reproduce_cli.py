@@ -8,6 +8,7 @@ from fpa.experiments.presets import PRESETS
 
 
 def run_reproduce(args) -> int:
+    """Run ``fpa reproduce`` from its parsed arguments; returns the exit status."""
     from fpa.experiments.presets import get_preset
     from fpa.experiments.reproduce import reproduce
 
@@ -26,6 +27,7 @@ def run_reproduce(args) -> int:
 
 
 def add_parser(subparsers) -> None:
+    """Register the ``fpa reproduce`` subcommand on the top-level parser's ``subparsers``."""
     r = subparsers.add_parser("reproduce", help="train a preset's methods on its seeds, evaluate, write the report")
     r.add_argument(
         "--preset",

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TypeVar
 
 from fpa.experiments.presets import ReproducePreset
 
 VAL_PART, TEST_PART = "first", "second"  # halves of the held-out split: tuning, reporting
+
+_T = TypeVar("_T")
 
 
 def train_stage(cfg_dict: dict) -> dict:
@@ -27,7 +30,7 @@ def train_stage(cfg_dict: dict) -> dict:
     return {**summary, "task_loss_curve": curve}
 
 
-def load_model(model_dir: Path, device: str):
+def load_model(model_dir: str | Path, device: str):
     """(FPAForCausalLM in eval mode on ``device`` if available, its tokenizer) from a saved folder."""
     import torch
     from transformers.utils import logging as hf_logging
@@ -37,7 +40,8 @@ def load_model(model_dir: Path, device: str):
 
     hf_logging.disable_progress_bar()  # one bar per stage would drown the run's own progress
     dev = "cuda" if device == "cuda" and torch.cuda.is_available() else "cpu"
-    model = FPAForCausalLM.from_pretrained(model_dir).to(dev).eval()
+    model = FPAForCausalLM.from_pretrained(model_dir)
+    model = model.to(dev).eval()  # type: ignore[arg-type]  # transformers' @wraps(Module.to) stub keeps self
     return model, load_tokenizer(model_dir)
 
 
@@ -45,6 +49,12 @@ def _rule(attention: str, tau: float):
     from fpa.cache import FoXEviction, FPAEviction
 
     return (FPAEviction if attention == "fpa" else FoXEviction)(threshold=float(tau))
+
+
+def _required(value: _T | None, name: str, kind: str) -> _T:
+    if value is None:
+        raise ValueError(f"{name} is required for kind {kind!r}")
+    return value
 
 
 def _lengths(p: ReproducePreset) -> list[int]:
@@ -100,9 +110,10 @@ def eval_stage(
         loss.pop("curve")
         return {"loss": loss, "passkey": _grid(model, tok, p, p.validation_prompt_seed)}
     if kind == "sweep":
+        own = _required(attention, "attention", kind)
         points = []
         for t in p.cache_thresholds:
-            g = _grid(model, tok, p, p.validation_prompt_seed, lambda n, t=t: (FPACache(r := _rule(attention, t)), r))
+            g = _grid(model, tok, p, p.validation_prompt_seed, lambda n, t=t: (FPACache(r := _rule(own, t)), r))
             points.append(
                 {
                     "tau": t,
@@ -114,7 +125,8 @@ def eval_stage(
     if kind == "evict":
         from fpa.cache import SlidingWindow
 
-        rule = _grid(model, tok, p, p.prompt_seed, lambda n: (FPACache(r := _rule(attention, tau)), r))
+        own, own_tau = _required(attention, "attention", kind), _required(tau, "tau", kind)
+        rule = _grid(model, tok, p, p.prompt_seed, lambda n: (FPACache(r := _rule(own, own_tau)), r))
         kept = [sum(row) / len(row) for row in rule["kept_fraction"]]
         budgets = {n: max(1, round(k * n)) for n, k in zip(_lengths(p), kept)}
         window = _grid(model, tok, p, p.prompt_seed, lambda n: (FPACache(w := SlidingWindow(budgets[n])), w))
@@ -125,6 +137,7 @@ def eval_stage(
         from fpa.data import TokenShards
         from fpa.eval.growth import kept_keys_growth
 
+        own, own_tau = _required(attention, "attention", kind), _required(tau, "tau", kind)
         val = TokenShards(data_dir, "val")
         n = max(p.growth_lengths)
         start = int(0.5 * len(val))  # the reporting half
@@ -132,6 +145,6 @@ def eval_stage(
             raise ValueError(f"the reporting half of the val split has {len(val) - start} tokens, fewer than {n}")
         ids = torch.from_numpy(val[start : start + n].astype("int64"))[None]
         return kept_keys_growth(
-            model, ids, lambda: (FPACache(r := _rule(attention, tau)), r), p.growth_lengths, p.chunk_size
+            model, ids, lambda: (FPACache(r := _rule(own, own_tau)), r), p.growth_lengths, p.chunk_size
         )
     raise ValueError(f"kind must be loss, passkey, validation, sweep, evict or growth, got {kind!r}")

@@ -17,6 +17,7 @@ def write_json(path: str | Path, obj) -> None:
 
 
 def read_json(path: str | Path):
+    """The JSON value stored at ``path``."""
     return json.loads(Path(path).read_text())
 
 
@@ -37,11 +38,17 @@ class Stages:
         self.state.setdefault("stamps", {})
 
     def output_path(self, name: str) -> Path:
+        """Where the output of stage ``name`` is written.
+
+        Raises:
+            ValueError: If ``name`` is not a plain file name.
+        """
         if not name or "/" in name or name.startswith("."):
             raise ValueError(f"stage name must be a plain file name, got {name!r}")
         return self.dir / "stages" / f"{name}.json"
 
     def done(self, name: str) -> bool:
+        """Whether stage ``name`` is recorded as finished and its output file exists."""
         return name in self.state["done"] and self.output_path(name).is_file()
 
     def run(self, name: str, fn: Callable[[], dict]) -> dict:
@@ -67,6 +74,7 @@ class Stages:
         return out
 
     def seconds(self) -> dict:
+        """{stage name: seconds it took} for every recorded stage."""
         return dict(self.state["seconds"])
 
     def stamp_of(self, name: str) -> dict:

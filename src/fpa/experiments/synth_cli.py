@@ -159,13 +159,13 @@ def _run(args, o, tasks, methods, dims, ms, seeds, recipe, out) -> int:
     import json
 
     from fpa.data.atomic import atomic_write_bytes
-    from fpa.experiments.capacity import TrainConfig, run_grid
+    from fpa.experiments.capacity import SynthRecipe, run_grid
     from fpa.experiments.synth_report import write_all
     from fpa.layers.attention import config_layer_kwargs
     from fpa.tasks.construct import constructive_check
     from fpa.tasks.packed import fpa_parametrisation
 
-    cfg = TrainConfig(**recipe)
+    cfg = SynthRecipe(**recipe)
     fkw = o["fpa_kwargs"]  # FPAConfig names; run_grid takes the layer's
     records = run_grid(
         tasks,
@@ -242,6 +242,7 @@ def _merge(args: argparse.Namespace) -> int:
 
 
 def add_parser(sub) -> None:
+    """Register the ``fpa synth`` subcommand on the top-level parser's subparsers ``sub``."""
     p = sub.add_parser("synth", help="nested-structure tasks: capacity experiment and constructive check")
     p.add_argument("--task", help="comma-separated tasks: stack, scope, calls")
     p.add_argument("--methods", help=f"comma-separated subset of {ALL_METHODS}")

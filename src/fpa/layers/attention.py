@@ -12,6 +12,7 @@ The base class, RMSNorm and SwiGLU live in ``fpa.layers.base``, FPA in
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -80,6 +81,8 @@ class ForgettingAttention(AttentionBase):
         nn.init.constant_(self.fgate_proj.bias, fgate_bias_init)
 
     def cache_info(self) -> LayerInfo:
+        """What a decoding cache needs to know of this layer: kind "fox", the head groups, beta = 1 per
+        head, the content bound."""
         return LayerInfo(
             kind="fox",
             groups=self.num_heads // self.num_kv_heads,
@@ -128,6 +131,9 @@ def rope(x: Tensor, pos: Tensor, theta: float) -> Tensor:
 
 
 def alibi_slopes(n: int) -> Tensor:
+    """ALiBi's per-head slopes (n,) float32: 2^(-8 i / n) for i = 1..n when n is a power of two;
+    otherwise the slopes of c (the power of two below n), then every other slope of 2c."""
+
     def pow2(n):
         start = 2 ** (-(2 ** -(math.log2(n) - 3)))
         return [start * start**i for i in range(n)]
@@ -162,6 +168,7 @@ class SoftmaxAttention(AttentionBase):
         # packs independent one-head models as heads). Not a buffer: a non-persistent buffer is not
         # restored by from_pretrained (transformers builds the model on the meta device).
         self.alibi_slope_override: float | None = None
+        self._slopes_memo: dict[tuple, Tensor] = {}
 
     @property
     def slopes(self) -> Tensor:
@@ -169,6 +176,15 @@ class SoftmaxAttention(AttentionBase):
         if self.alibi_slope_override is not None:
             return torch.full((self.num_heads,), float(self.alibi_slope_override))
         return alibi_slopes(self.num_heads)
+
+    def slopes_on(self, device: torch.device, dtype: torch.dtype) -> Tensor:
+        """The slopes (H,) on ``device`` in ``dtype``, copied there once per (device, dtype,
+        override): a host-to-device copy on every decode step would wait on the host."""
+        key = (device, dtype, self.alibi_slope_override)
+        out = self._slopes_memo.get(key)
+        if out is None:
+            out = self._slopes_memo[key] = self.slopes.to(device=device, dtype=dtype)
+        return out
 
     def _attend(self, q, k, v, x, state, offset, mask=None, pos=None, need_weights=False):
         B, T = q.shape[0], q.shape[2]
@@ -184,7 +200,11 @@ class SoftmaxAttention(AttentionBase):
         else:
             qp = qpos.expand(B, T)
             new_bias = self._bias(qp, qp[:, None], None if mask is None else mask[:, None], torch.float32)
-            past = alibi_past_bias(state.store, qp, self.slopes) if self.position == "alibi" else None
+            past = (
+                alibi_past_bias(state.store, qp, self.slopes_on(q.device, torch.float32))
+                if self.position == "alibi"
+                else None
+            )
             return state.attend(q, k, v, past, new_bias, need_weights, pos=qp, mask=mask)
         bias = self._bias(qpos, kpos, valid, q.dtype)  # (B or 1, Hq or 1, T, Tk)
         o = F.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1), attn_mask=bias)
@@ -208,7 +228,7 @@ class SoftmaxAttention(AttentionBase):
         shape = torch.broadcast_shapes(rel.shape, allowed.shape)
         mask = torch.zeros(shape, device=rel.device, dtype=dtype).masked_fill(~allowed, float("-inf"))
         if self.position == "alibi":
-            mask = mask - self.slopes.to(device=rel.device, dtype=dtype)[:, None, None] * rel.clamp(min=0).to(dtype)
+            mask = mask - self.slopes_on(rel.device, dtype)[:, None, None] * rel.clamp(min=0).to(dtype)
         return mask
 
 
@@ -223,15 +243,13 @@ def make_attention(
     **kw,
 ) -> AttentionBase:
     """One switch over the attention family: ``attention`` in ATTENTION_TYPES."""
-    common = dict(qk_norm=qk_norm, output_gate=output_gate)
+    common: dict[str, Any] = dict(qk_norm=qk_norm, output_gate=output_gate, **kw)
     if attention == "fpa":
-        return FirstPassageAttention(hidden_size, num_heads, num_kv_heads, mode=fpa_mode, **common, **kw)
+        return FirstPassageAttention(hidden_size, num_heads, num_kv_heads, mode=fpa_mode, **common)
     if attention == "fox":
-        return ForgettingAttention(hidden_size, num_heads, num_kv_heads, **common, **kw)
+        return ForgettingAttention(hidden_size, num_heads, num_kv_heads, **common)
     if attention.startswith("softmax_") and attention in ATTENTION_TYPES:
-        return SoftmaxAttention(
-            hidden_size, num_heads, num_kv_heads, position=attention[len("softmax_") :], **common, **kw
-        )
+        return SoftmaxAttention(hidden_size, num_heads, num_kv_heads, position=attention[len("softmax_") :], **common)
     raise ValueError(f"attention must be one of {ATTENTION_TYPES}, got {attention!r}")
 
 

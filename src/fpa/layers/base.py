@@ -16,18 +16,33 @@ from fpa.ops.cached.state import LayerInfo, LayerState
 
 
 class RMSNorm(nn.Module):
+    """Root-mean-square norm over the last dimension with a learned per-channel weight, computed in float32.
+
+    Args:
+        dim: The size of the last dimension.
+        eps: Added to the mean square before the root.
+    """
+
     def __init__(self, dim: int, eps: float = 1e-6):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
+        """x (..., dim) -> x / rms(x) * weight, (..., dim) in x's dtype."""
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return (xf * self.weight.float()).to(x.dtype)
 
 
 class SwiGLU(nn.Module):
+    """The gated feed-forward block down(silu(gate(x)) * up(x)), no biases.
+
+    Args:
+        hidden_size: Input and output width.
+        intermediate_size: Width of the gate and up projections.
+    """
+
     def __init__(self, hidden_size: int, intermediate_size: int):
         super().__init__()
         self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
@@ -35,6 +50,7 @@ class SwiGLU(nn.Module):
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
+        """x (..., hidden_size) -> (..., hidden_size)."""
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -103,6 +119,7 @@ class AttentionBase(nn.Module):
 
     @property
     def scale(self) -> float:
+        """The softmax scale, head_dim ** -0.5."""
         return self.head_dim**-0.5
 
     def content_bound(self) -> float | None:
@@ -111,12 +128,14 @@ class AttentionBase(nn.Module):
         RMS norm gives a vector of RMS <= 1 times the weight w, so ||q|| <= sqrt(D) max|w_q|,
         ||k|| <= sqrt(D) max|w_k| and |scale <q, k>| <= scale * D * max|w_q| * max|w_k|.
         """
-        if self.q_norm is None:
+        if self.q_norm is None or self.k_norm is None:
             return None
         wq, wk = self.q_norm.weight.detach().abs().max(), self.k_norm.weight.detach().abs().max()
         return float(self.scale * self.head_dim * wq * wk)
 
     def cache_info(self) -> LayerInfo:
+        """What a decoding cache needs to know of this layer (kind "softmax", the head groups, the
+        content bound)."""
         return LayerInfo(kind="softmax", groups=self.num_heads // self.num_kv_heads, content_bound=self.content_bound())
 
     def forward(
@@ -137,7 +156,7 @@ class AttentionBase(nn.Module):
         q = self._heads(self.q_proj(x), self.num_heads)
         k = self._heads(self.k_proj(x), self.num_kv_heads)
         v = self._heads(self.v_proj(x), self.num_kv_heads)
-        if self.q_norm is not None:
+        if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         state = layer_state(state)
         if state is not None and state.info is None:

@@ -175,7 +175,7 @@ class FirstPassageAttention(AttentionBase):
         if mode == "free":
             self.field_proj = nn.Linear(hidden_size, num_heads)
             self.level_proj = nn.Linear(hidden_size, num_heads)
-            heads = (self.field_proj, self.level_proj)
+            heads: tuple[nn.Linear, ...] = (self.field_proj, self.level_proj)
         else:
             self.increment_proj = nn.Linear(hidden_size, num_heads)
             heads = (self.increment_proj,)
@@ -222,6 +222,7 @@ class FirstPassageAttention(AttentionBase):
 
     @property
     def beta(self) -> Tensor:
+        """The penalty strength per head (H,): exp or softplus of ``beta_param``."""
         return F.softplus(self.beta_param) if self.beta_activation == "softplus" else torch.exp(self.beta_param)
 
     @torch.no_grad()
@@ -235,7 +236,9 @@ class FirstPassageAttention(AttentionBase):
     def field_parameters(self) -> list[nn.Parameter]:
         """The parameters that train at ``field_lr_multiplier`` x the learning rate: the field /
         level (free) or increment (walk) heads, the level offset (or its projection) and beta."""
-        heads = (self.field_proj, self.level_proj) if self.mode == "free" else (self.increment_proj,)
+        heads: tuple[nn.Linear, ...] = (
+            (self.field_proj, self.level_proj) if self.mode == "free" else (self.increment_proj,)
+        )
         if self.walk_increment == "gated" and self.mode == "walk":
             heads += (self.increment_gate_proj,)
         if self.level_offset_proj is not None:
@@ -244,6 +247,8 @@ class FirstPassageAttention(AttentionBase):
         return [p for lin in heads for p in lin.parameters()] + extra
 
     def cache_info(self) -> LayerInfo:
+        """What a decoding cache needs to know of this layer: kind "fpa", the head groups, beta
+        (detached), the content bound and the mode."""
         return LayerInfo(
             kind="fpa",
             groups=self.num_heads // self.num_kv_heads,
@@ -275,9 +280,9 @@ class FirstPassageAttention(AttentionBase):
 
     def walk_level(self, field: Tensor, x: Tensor) -> Tensor:
         """Walk mode: level (B, H, T) = field (B, H, T) + the offset for the tokens x (B, T, hidden)."""
-        if self.level_offset_kind == "head":
+        if self.level_offset is not None:  # level_offset_kind "head"
             return field + self.level_offset.float()[None, :, None]
-        if self.level_offset_kind == "token":
+        if self.level_offset_proj is not None:  # level_offset_kind "token"
             # contiguous: softplus's backward on a transposed input gets other strides from torch's
             # fake tensors than from the real kernel, which breaks torch.compile's backward (torch 2.13)
             return field + F.softplus(self._per_head(self.level_offset_proj, x).contiguous())

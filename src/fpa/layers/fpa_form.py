@@ -79,7 +79,10 @@ def fpa_cached(q, k, v, field, level, beta, state: LayerState, backend="auto", m
     ``state.chunk_policy`` (a threshold rule with within_chunks=True) a key the rule evicts after
     query i - 1 of this call is hidden from query i on, cached and new keys alike.
     q (B, Hq, T, D), k, v (B, Hkv, T, D), field/level (B, Hq, T) -> ((B, Hq, T, D), weights or None).
-    ``backend`` is unused: the cache is read block by block by fpa.ops.cached.paged."""
+    ``backend`` is unused: the cache is read block by block by fpa.ops.cached.paged. ValueError if
+    ``state`` was not configured (``LayerState.configure``, done by the layer's first call)."""
+    if state.store is None or state.info is None:
+        raise ValueError("state must be configured (LayerState.configure) before fpa_cached attends over it")
     b = beta.detach() if torch.is_tensor(beta) else beta
     tau = None if state.chunk_policy is None else state.chunk_policy.effective_threshold(state)
     if tau is None:

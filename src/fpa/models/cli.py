@@ -20,16 +20,17 @@ def _model_info(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_parser(sub) -> None:
-    from fpa.models.configuration_fpa import FIELDS, PRESETS
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``model-info`` subcommand to the ``fpa`` command's subparsers."""
+    from fpa.models.configuration_fpa import PRESETS, field_choices
 
     mi = sub.add_parser("model-info", help="parameter count and layout of a preset")
     mi.add_argument("--preset", default="110m", choices=tuple(PRESETS), help="model size preset")
-    mi.add_argument("--attention", default="fpa", choices=tuple(FIELDS["attention"][1]), help="attention type")
+    mi.add_argument("--attention", default="fpa", choices=field_choices("attention"), help="attention type")
     mi.add_argument(
         "--fpa-mode",
         default="free",
-        choices=tuple(FIELDS["fpa_mode"][1]),
+        choices=field_choices("fpa_mode"),
         help="FPA field mode (free: field and level heads; walk: one learned walk)",
     )
     mi.set_defaults(func=_model_info)

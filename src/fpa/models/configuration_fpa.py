@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import inspect
 import math
+from collections.abc import Iterable
 
 from transformers import PretrainedConfig
 
@@ -79,7 +80,8 @@ PRESETS = {
 # with the rule ">0", ">=0" or "any"; "choice": one of the listed values (of the same type: 1 is
 # not True). fpa_level_offset: "none", "head" or "token" ("head"/"token" need fpa_mode="walk");
 # fpa_parametrisation: the version whose defaults fill the fpa_* fields not given.
-FIELDS: dict[str, tuple[str, object]] = {
+FieldRule = tuple[object, ...] | str | None  # a "choice" field's values, a "real" field's rule, or None
+FIELDS: dict[str, tuple[str, FieldRule]] = {
     "vocab_size": ("int", None),
     "hidden_size": ("int", None),
     "num_hidden_layers": ("int", None),
@@ -107,6 +109,18 @@ FIELDS: dict[str, tuple[str, object]] = {
 }
 
 
+def field_choices(name: str) -> tuple[object, ...]:
+    """The values a "choice" field of FPAConfig accepts.
+
+    Raises:
+        ValueError: ``name`` is not a "choice" field.
+    """
+    kind, rule = FIELDS[name]
+    if kind != "choice" or not isinstance(rule, tuple):
+        raise ValueError(f"FPAConfig {name} is a {kind!r} field, not a choice")
+    return rule
+
+
 def check_field(name: str, val: object) -> None:
     """Raise ValueError unless val is a valid value of FPAConfig field `name`."""
     kind, rule = FIELDS[name]
@@ -118,6 +132,7 @@ def check_field(name: str, val: object) -> None:
         if not isinstance(val, bool):
             raise ValueError(f"FPAConfig {name} must be true or false (a bool), got {got}")
     elif kind == "choice":
+        rule = field_choices(name)
         if not any(
             isinstance(val, type(r)) and isinstance(val, bool) == isinstance(r, bool) and val == r for r in rule
         ):
@@ -134,7 +149,7 @@ def check_field(name: str, val: object) -> None:
             raise ValueError(f"FPAConfig {name} must be {rule[:-1]} 0, got {got}")
 
 
-def check_keys(keys: object, what: str = "model overrides") -> None:
+def check_keys(keys: Iterable[str], what: str = "model overrides") -> None:
     """Raise ValueError naming every key that is not an FPAConfig field, and the valid ones."""
     unknown = sorted(set(keys) - set(FIELDS))
     if unknown:

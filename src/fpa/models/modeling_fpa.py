@@ -43,6 +43,8 @@ def cache_signature(config) -> dict:
 
 
 class FPAPreTrainedModel(PreTrainedModel):
+    """Base of the FPA models: the config class, weight initialisation and gradient checkpointing."""
+
     config_class = FPAConfig
     base_model_prefix = "model"
     _no_split_modules = ["TransformerBlock"]
@@ -72,9 +74,12 @@ def _resolve_cache(cache, use_cache: bool | None) -> FPACache | None:
 
 
 class FPAModel(FPAPreTrainedModel):
+    """The decoder: token embeddings, ``num_hidden_layers`` transformer blocks of the configured
+    attention type, a final RMSNorm. Returns hidden states (no LM head)."""
+
     def __init__(self, config: FPAConfig):
         super().__init__(config)
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens: nn.Module = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
             [
                 TransformerBlock(
@@ -93,10 +98,12 @@ class FPAModel(FPAPreTrainedModel):
         self.gradient_checkpointing = False
         self.post_init()
 
-    def get_input_embeddings(self):
+    def get_input_embeddings(self) -> nn.Module:
+        """The token embedding."""
         return self.embed_tokens
 
-    def set_input_embeddings(self, value):
+    def set_input_embeddings(self, value: nn.Module) -> None:
+        """Replace the token embedding."""
         self.embed_tokens = value
 
     # Validate the token ids' values on every call, not only on a sequence's first one (a debug
@@ -218,6 +225,9 @@ def _new_token_mask(attention_mask: Tensor | None, B: int, T: int, past: int, de
 
 
 class FPAForCausalLM(FPAPreTrainedModel, GenerationMixin):
+    """FPAModel with a language-model head (tied to the embedding by default): logits, the
+    next-token loss, and transformers' ``generate`` with an FPACache."""
+
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
 
     def __init__(self, config: FPAConfig):
@@ -226,13 +236,16 @@ class FPAForCausalLM(FPAPreTrainedModel, GenerationMixin):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
 
-    def get_input_embeddings(self):
+    def get_input_embeddings(self) -> nn.Module:
+        """The token embedding."""
         return self.model.embed_tokens
 
-    def set_input_embeddings(self, value):
+    def set_input_embeddings(self, value: nn.Module) -> None:
+        """Replace the token embedding."""
         self.model.embed_tokens = value
 
-    def get_output_embeddings(self):
+    def get_output_embeddings(self) -> nn.Linear:
+        """The language-model head."""
         return self.lm_head
 
     @classmethod

@@ -15,6 +15,15 @@ _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def check_float(name: str, x: Tensor) -> None:
+    """Check that ``x`` is a floating tensor (float16, bfloat16, float32 or float64).
+
+    Args:
+        name: The argument's name, for the message.
+        x: The value passed.
+
+    Raises:
+        TypeError: ``x`` is not a tensor, or not of a floating dtype.
+    """
     if not isinstance(x, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if x.dtype not in _FLOAT_DTYPES:
@@ -22,11 +31,27 @@ def check_float(name: str, x: Tensor) -> None:
 
 
 def check_rank(name: str, x: Tensor, rank: int, layout: str) -> None:
+    """Check that ``x`` has ``rank`` dimensions.
+
+    Args:
+        name: The argument's name, for the message.
+        x: The tensor passed.
+        rank: The number of dimensions expected.
+        layout: The expected shape in words, e.g. ``"(B, Hq, Tq, D)"``, for the message.
+
+    Raises:
+        ValueError: ``x.dim() != rank``.
+    """
     if x.dim() != rank:
         raise ValueError(f"{name} must have shape {layout} ({rank} dims), got shape {tuple(x.shape)}")
 
 
 def check_no_nan(name: str, x: Tensor) -> None:
+    """Check that ``x`` holds no NaN.
+
+    Raises:
+        ValueError: ``x`` contains a NaN.
+    """
     # A NaN in the field poisons every minimum that includes it, silently; this costs one
     # reduction (and on CUDA a host sync), which is small next to the attention itself.
     if torch.isnan(x).any():
@@ -34,6 +59,14 @@ def check_no_nan(name: str, x: Tensor) -> None:
 
 
 def check_same_device(named: dict[str, Tensor]) -> None:
+    """Check that all tensors are on one device.
+
+    Args:
+        named: Argument name -> tensor; at least one entry.
+
+    Raises:
+        ValueError: A tensor is on another device than the first one, naming both.
+    """
     devices = {n: t.device for n, t in named.items()}
     first_name, first = next(iter(devices.items()))
     for n, d in devices.items():
@@ -75,6 +108,13 @@ def check_qkv(q: Tensor, k: Tensor, v: Tensor) -> tuple[int, int, int, int, int,
 
 
 def check_per_position(name: str, x: Tensor, B: int, H: int, T: int, ref: Tensor) -> None:
+    """Check a per-head, per-position input such as the field or the level: floating, (B, H, T),
+    on the device of ``ref`` (the query tensor).
+
+    Raises:
+        TypeError: ``x`` is not a floating tensor.
+        ValueError: ``x`` has another shape than (B, H, T), or is on another device than ``ref``.
+    """
     check_float(name, x)
     if tuple(x.shape) != (B, H, T):
         raise ValueError(f"{name} must have shape (B, Hq, T) = ({B}, {H}, {T}), got {tuple(x.shape)}")
@@ -168,6 +208,19 @@ def check_values(
 
 
 def check_scale(scale: float | None, D: int) -> float:
+    """The softmax scale to use: ``scale`` itself, or D ** -0.5 when it is None (1.0 for D = 0).
+
+    Args:
+        scale: A finite number, or None for the default.
+        D: The head dimension of q and k.
+
+    Returns:
+        The scale as a float.
+
+    Raises:
+        TypeError: ``scale`` is neither a number nor None (a bool included).
+        ValueError: ``scale`` is infinite or NaN.
+    """
     if scale is None:
         return D**-0.5 if D > 0 else 1.0
     if isinstance(scale, bool) or not isinstance(scale, (int, float)):

@@ -21,7 +21,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from fpa.ops import cpu_kernels
+from fpa.ops.cpu_kernels import loader
 
 
 class ChunkBias(Protocol):
@@ -61,7 +61,7 @@ class ChunkBias(Protocol):
         scale: float,
         want: bool,
     ) -> None:
-        """The whole op in C++ (fpa.ops.cpu_kernels.*_whole): forward when dout is None, else backward."""
+        """The whole op in C++ (fpa.ops.cpu_kernels.calls.*_whole): forward when dout is None, else backward."""
         ...
 
 
@@ -160,7 +160,7 @@ def _fused_forward(
     P, BH = Tk - Tq, B * Hkv * G
     out = q5.new_empty(B, Hkv, G, Tq, Dv)
     lse = q5.new_empty(BH, Tq)
-    if cpu_kernels.whole_usable(B * Hkv):  # one parallel region for the whole op, GEMMs per (batch, kv head)
+    if loader.whole_usable(B * Hkv):  # one parallel region for the whole op, GEMMs per (batch, kv head)
         bias.whole(q5.contiguous(), k.contiguous(), v.contiguous(), out, None, lse, None, None, chunk, scale, False)
         return out, lse.view(B, Hkv, G, Tq)
     k3, v3 = _flat(k, D), _flat(v, Dv)
@@ -193,7 +193,7 @@ def _fused_backward(
     P, BH = Tk - Tq, B * Hkv * G
     delta = (dout * out).sum(dim=-1).reshape(BH, Tq)
     lse2 = lse.reshape(BH, Tq).contiguous()
-    if cpu_kernels.whole_usable(B * Hkv):
+    if loader.whole_usable(B * Hkv):
         dq, dk, dv = q5.new_empty(q5.shape), k.new_zeros(k.shape), v.new_zeros(v.shape)
         bias.whole(
             q5.contiguous(),

@@ -29,6 +29,7 @@ _SOURCES = ("fpa/triton.py", "fpa/triton_kernels.py", "fpa/triton_prep.py", "fpa
 
 
 def record_path() -> Path:
+    """The verification record's file: ``$FPA_GPU_CHECK_RECORD``, else ``~/.cache/fpa/gpu_check.json``."""
     return Path(os.environ.get("FPA_GPU_CHECK_RECORD", Path.home() / ".cache" / "fpa" / "gpu_check.json"))
 
 

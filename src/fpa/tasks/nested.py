@@ -113,6 +113,11 @@ class Task:
         return steps + 1
 
     def sample(self, rng: np.random.Generator, n: int, m: int, length_factor: int = 1) -> TaskBatch:
+        """A batch of ``n`` sequences of ``self.length(m, length_factor)`` tokens with m targets at the query.
+
+        Raises:
+            ValueError: If ``m`` < 1.
+        """
         if m < 1:
             raise ValueError(f"m must be >= 1, got {m}")
         steps = self.length(m, length_factor) - 1
@@ -120,6 +125,7 @@ class Task:
         return self.render(rng, ops, m)
 
     def render(self, rng: np.random.Generator, ops: np.ndarray, m: int) -> TaskBatch:  # pragma: no cover
+        """Turn walks ``ops`` (n, steps) of PUSH/POP/OTHER into the task's tokens, targets and answers."""
         raise NotImplementedError
 
     def prefix_answers(self, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
@@ -199,10 +205,12 @@ class StackTask(Task):
 
     name, vocab_size = "stack", 6
 
-    def render(self, rng, ops, m):
+    def render(self, rng: np.random.Generator, ops: np.ndarray, m: int) -> TaskBatch:
+        """Pushes and pops with random payload bits; the answer is the fraction of live payloads 1."""
         return _fraction_task(rng, ops, m, (0, 1), (2, 3), None, (4, 5))
 
-    def prefix_answers(self, tokens):
+    def prefix_answers(self, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per prefix: the fraction of live payloads 1, valid where the stack is non-empty."""
         return _prefix_fractions(tokens, (0, 1), (2, 3))
 
 
@@ -211,10 +219,12 @@ class CallsTask(Task):
 
     name, vocab_size, other_weight = "calls", 8, 1.0
 
-    def render(self, rng, ops, m):
+    def render(self, rng: np.random.Generator, ops: np.ndarray, m: int) -> TaskBatch:
+        """Calls, returns and observations with random bits; the answer is the fraction of open calls B."""
         return _fraction_task(rng, ops, m, (0, 1), (2, 3), (4, 5), (6, 7))
 
-    def prefix_answers(self, tokens):
+    def prefix_answers(self, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per prefix: the fraction of open calls B, valid where a call is open."""
         return _prefix_fractions(tokens, (0, 1), (2, 3))
 
 
@@ -229,8 +239,9 @@ class ScopeTask(Task):
     n_vars, n_values = 2, 4
     OPEN, CLOSE, STMT, DECL, PRINT = 0, 1, 2, 3, 11
 
-    def render(self, rng, ops, m):
-        n, steps = ops.shape
+    def render(self, rng: np.random.Generator, ops: np.ndarray, m: int) -> TaskBatch:
+        """Blocks, declarations and prints; the answer is the value of the printed variable in scope."""
+        n, steps = int(ops.shape[0]), int(ops.shape[1])
         tok = np.where(ops == PUSH, self.OPEN, np.where(ops == POP, self.CLOSE, self.STMT))
         live_decl = np.full((n, self.n_vars), -1, dtype=np.int64)  # position of the open decl of var
         decl_depth = np.zeros((n, self.n_vars), dtype=np.int64)  # block depth it was made at

@@ -19,7 +19,13 @@ import math
 import torch
 from torch import Tensor, nn
 
-from fpa.layers.attention import alibi_slopes, config_layer_kwargs, make_attention
+from fpa.layers.attention import (
+    FirstPassageAttention,
+    SoftmaxAttention,
+    alibi_slopes,
+    config_layer_kwargs,
+    make_attention,
+)
 
 # method name -> (attention type, extra make_attention kwargs)
 METHODS: dict[str, tuple[str, dict]] = {
@@ -33,6 +39,7 @@ METHODS: dict[str, tuple[str, dict]] = {
 
 
 def check_method(name: str) -> None:
+    """Raise ValueError unless ``name`` is one of ``METHODS``."""
     if name not in METHODS:
         raise ValueError(f"method must be one of {tuple(METHODS)}, got {name!r}")
 
@@ -49,6 +56,8 @@ def fpa_parametrisation(method: str, fpa_kwargs: dict | None = None) -> dict:
         raise ValueError(f"method {method!r} has no FPA layer")
     with torch.no_grad():
         layer = make_attention(attention, 2, 1, head_dim=1, **{**kw, **config_layer_kwargs(fpa_kwargs or {})})
+        if not isinstance(layer, FirstPassageAttention):
+            raise TypeError(f"method {method!r} built a {type(layer).__name__}, not an FPA layer")
         beta0 = float(layer.beta[0])
     out = dict(
         fpa_mode=layer.mode,
@@ -104,7 +113,7 @@ class PackedModels(nn.Module):
             if isinstance(lin, nn.Linear):
                 # q, k, v, o have nn.Linear's default fan-in init; the scalar heads are N(0, std^2)
                 block_diagonal_(lin, S, rescale=name in ("q_proj", "k_proj", "v_proj", "o_proj"))
-        if getattr(self.attn, "position", None) == "alibi":
+        if isinstance(self.attn, SoftmaxAttention) and self.attn.position == "alibi":
             self.attn.alibi_slope_override = float(alibi_slopes(1)[0])
         self.readout = nn.Parameter(torch.randn(S, E) / math.sqrt(E))
         self.readout_bias = nn.Parameter(torch.zeros(S))
@@ -148,4 +157,5 @@ class PackedModels(nn.Module):
         return norms
 
     def forward(self, tokens: Tensor) -> Tensor:
+        """tokens (B, S, T) -> each model's prediction at the last position (B, S)."""
         return self.readout_last(self.attn(self.hidden(tokens)))

@@ -46,7 +46,7 @@ def qkv(layer: AttentionBase, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     q = layer._heads(layer.q_proj(x), layer.num_heads)
     k = layer._heads(layer.k_proj(x), layer.num_kv_heads)
     v = layer._heads(layer.v_proj(x), layer.num_kv_heads)
-    if layer.q_norm is not None:
+    if layer.q_norm is not None and layer.k_norm is not None:
         q, k = layer.q_norm(q), layer.k_norm(k)
     if isinstance(layer, SoftmaxAttention) and layer.position == "rope":
         pos = torch.arange(x.shape[1])

@@ -42,6 +42,8 @@ class StepBatches:
     def _sequence(self, start: int, mixed: bool, sample_seed: int) -> np.ndarray:
         if not mixed:
             return self.shards[start : start + self.seq_len + 1]
+        if self.mixer is None:
+            raise ValueError("a mixed sequence needs a mixer")
         sample = np.asarray(self.mixer(np.random.default_rng(sample_seed), self.seq_len, self.tokenizer))
         if sample.shape != (self.seq_len + 1,):
             raise ValueError(f"mix task sample must have shape ({self.seq_len + 1},), got {sample.shape}")

@@ -23,6 +23,7 @@ _NAME = re.compile(r"step-(\d{8})\.json$")
 
 
 def checkpoint_path(out_dir: str | Path, step: int) -> Path:
+    """Where the checkpoint of ``step`` lives under ``out_dir``."""
     return Path(out_dir) / CKPT_DIR / f"step-{step:08d}.pt"
 
 
@@ -51,6 +52,7 @@ def list_checkpoints(out_dir: str | Path) -> list[Path]:
 
 
 def latest_checkpoint(out_dir: str | Path) -> Path | None:
+    """The newest complete checkpoint under ``out_dir``, or None if there is none."""
     found = list_checkpoints(out_dir)
     return found[-1] if found else None
 

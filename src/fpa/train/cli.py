@@ -61,7 +61,12 @@ def _choices(name: str) -> tuple | None:
     if name in ("preset", "attention", "fpa_mode"):
         from fpa.models.configuration_fpa import FIELDS, PRESETS
 
-        return tuple(PRESETS) if name == "preset" else tuple(FIELDS[name][1])
+        if name == "preset":
+            return tuple(PRESETS)
+        choices = FIELDS[name][1]
+        if not isinstance(choices, tuple):
+            raise TypeError(f"FIELDS[{name!r}] must list its choices as a tuple, got {choices!r}")
+        return choices
     if name == "mix_task":
         from fpa.tasks import TASK_MIXERS
 
@@ -185,6 +190,7 @@ def _run_prepare(args: argparse.Namespace) -> int:
 
 
 def add_parser(subparsers) -> None:
+    """Register the ``fpa train`` subcommand on the top-level parser's ``subparsers``."""
     p = subparsers.add_parser(
         "train",
         help="train a language model (one process, or torchrun for DDP/FSDP2)",

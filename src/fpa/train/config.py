@@ -167,10 +167,16 @@ class TrainConfig:
         return FPAConfig.from_preset(self.preset, attention=self.attention, fpa_mode=self.fpa_mode, **over)
 
     def to_dict(self) -> dict:
+        """The config as a JSON-serialisable dict (the inverse of ``from_dict``)."""
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict) -> TrainConfig:
+        """Build a config from ``to_dict`` output.
+
+        Raises:
+            ValueError: If ``d`` has a key that is not a TrainConfig field.
+        """
         names = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - names)
         if unknown:

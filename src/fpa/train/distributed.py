@@ -17,6 +17,8 @@ from torch import nn
 
 @dataclass
 class Dist:
+    """This process's place in the run: ranks, device, parallelism, and whether ``setup`` began the group."""
+
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
@@ -26,6 +28,7 @@ class Dist:
 
     @property
     def is_main(self) -> bool:
+        """Whether this is rank 0, the process that logs and writes files."""
         return self.rank == 0
 
 
@@ -64,14 +67,19 @@ def wrap(model: nn.Module, d: Dist) -> nn.Module:
     if d.parallel == "fsdp":
         from torch.distributed.fsdp import fully_shard
 
-        for layer in model.model.layers:
+        layers = model.get_submodule("model.layers")
+        if not isinstance(layers, nn.ModuleList):
+            raise TypeError(f"model.model.layers must be an nn.ModuleList for FSDP, got {type(layers).__name__}")
+        for layer in layers:
             fully_shard(layer)
         fully_shard(model)
     return model
 
 
 def unwrap(model: nn.Module) -> nn.Module:
-    return model.module if hasattr(model, "module") and not hasattr(model, "config") else model
+    """The model inside a DDP wrapper (its ``.module``); any other model as is."""
+    inner = getattr(model, "module", None)
+    return inner if isinstance(inner, nn.Module) and not hasattr(model, "config") else model
 
 
 def _cpu(t):
@@ -103,6 +111,7 @@ def full_state(model: nn.Module, opt: torch.optim.Optimizer, d: Dist) -> tuple[d
 
 
 def load_full_state(model: nn.Module, opt: torch.optim.Optimizer, msd: dict, osd: dict, d: Dist) -> None:
+    """Load full (model, optimizer) state dicts, as ``full_state`` returns them, into a possibly wrapped model."""
     if d.parallel == "fsdp":
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
@@ -115,6 +124,7 @@ def load_full_state(model: nn.Module, opt: torch.optim.Optimizer, msd: dict, osd
 
 
 def all_reduce_sum(values: list[float], d: Dist) -> list[float]:
+    """Element-wise sum of ``values`` over all ranks (a collective; the values as is on one process)."""
     if d.world_size == 1:
         return values
     t = torch.tensor(values, dtype=torch.float64, device=d.device)
@@ -123,5 +133,6 @@ def all_reduce_sum(values: list[float], d: Dist) -> list[float]:
 
 
 def teardown(d: Dist) -> None:
+    """Destroy the process group if ``setup`` created it."""
     if d.initialized_here and dist.is_initialized():
         dist.destroy_process_group()

@@ -9,6 +9,7 @@ import math
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import torch
 from torch import nn
@@ -81,8 +82,8 @@ def evaluate(model: nn.Module, val: TokenShards, cfg: TrainConfig, d: D.Dist, mi
             tok = model(input_ids=x, labels=x, return_per_token_loss=True).per_token_loss
         total, count = total + tok.float().sum().item(), count + tok.numel()
     model.train()
-    total, count = D.all_reduce_sum([total, float(count)], d)
-    return total / max(count, 1)
+    total_all, count_all = D.all_reduce_sum([total, float(count)], d)
+    return total_all / max(count_all, 1.0)
 
 
 def check_resumable(saved: dict, cfg: TrainConfig, ckpt: Path) -> None:
@@ -129,14 +130,14 @@ def _train_step(model, opt, batches: StepBatches, step: int, cfg: TrainConfig, d
     gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
     opt.step()
     opt.zero_grad(set_to_none=True)
-    loss_sum, n_mixed = D.all_reduce_sum([loss_sum, float(n_mixed)], d)
+    loss_all, mixed_all = D.all_reduce_sum([loss_sum, float(n_mixed)], d)
     gn = gnorm.full_tensor() if hasattr(gnorm, "full_tensor") else gnorm
     return {
         "step": step + 1,
-        "loss": loss_sum / (cfg.grad_accum * d.world_size),
+        "loss": loss_all / (cfg.grad_accum * d.world_size),
         "lr": lr,
         "grad_norm": float(gn),
-        "mixed": int(n_mixed),
+        "mixed": int(mixed_all),
     }
 
 
@@ -146,11 +147,13 @@ def _save_final(model, cfg: TrainConfig, d: D.Dist, data_dir: Path, summary: dic
     out = Path(cfg.out_dir) / MODEL_DIR
     if d.is_main:
         from fpa.data.tokenizer import save_hf_tokenizer
-        from fpa.models import FPAForCausalLM
+        from fpa.models import FPAConfig, FPAForCausalLM
         from fpa.models.card import write_model_card
 
         base = D.unwrap(model)
-        final = FPAForCausalLM(base.config)
+        if not isinstance(base, FPAForCausalLM):
+            raise TypeError(f"model must be an FPAForCausalLM, possibly wrapped, got {type(base).__name__}")
+        final = FPAForCausalLM(cast(FPAConfig, base.config))  # config_class of FPAForCausalLM
         final.load_state_dict(msd)
         tok = load_tokenizer(data_dir)
         for c in (final.config, final.generation_config):  # generation stops at the document separator
@@ -232,8 +235,8 @@ def _run(cfg: TrainConfig, d: D.Dist, on_step) -> dict:
         from fpa.tasks import get_probe
 
         probe = get_probe(cfg.mix_task)
-    model = build_model(cfg, tok.vocab_size).to(d.device)
-    model = D.wrap(model, d)
+    model: nn.Module = build_model(cfg, tok.vocab_size)
+    model = D.wrap(model.to(d.device), d)
     opt = build_optimizer(model, cfg)
     reg = None
     if cfg.live_reg > 0:

@@ -11,6 +11,7 @@ METRICS = "metrics.jsonl"
 
 
 def read_metrics(out_dir: str | Path) -> list[dict]:
+    """The records of ``out_dir/metrics.jsonl`` in order (empty if there is no such file)."""
     path = Path(out_dir) / METRICS
     if not path.is_file():
         return []
@@ -36,6 +37,7 @@ class MetricsLog:
                 print("tensorboard is not installed; metrics go to metrics.jsonl only")
 
     def log(self, record: dict) -> None:
+        """Append ``record`` (with a "step") to the file, and its numbers to TensorBoard if open."""
         self._f.write(json.dumps(record) + "\n")
         self._f.flush()
         if self._tb is not None:
@@ -44,6 +46,7 @@ class MetricsLog:
                     self._tb.add_scalar(k, v, record["step"])
 
     def close(self) -> None:
+        """Close the file and the TensorBoard writer."""
         self._f.close()
         if self._tb is not None:
             self._tb.close()

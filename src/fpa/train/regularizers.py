@@ -52,6 +52,7 @@ class LiveFractionRegularizer:
         return out
 
     def close(self) -> None:
+        """Remove the forward hooks from the model's FPA layers."""
         for h in self._handles:
             h.remove()
         self._handles.clear()

@@ -19,6 +19,8 @@ none. Holes, padding and free blocks (valid = False) get weight exactly 0.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 from torch import Tensor
 
@@ -38,6 +40,7 @@ def _dt(x: Tensor) -> torch.dtype:
 
 
 def _up(x: Tensor) -> Tensor:
+    """x in its math dtype (see ``_dt``)."""
     return x.to(_dt(x))
 
 
@@ -48,10 +51,17 @@ class PastBias:
 
     dtype = torch.float32  # the scores' dtype, set by the caller
 
-    def blocks(self, ids, rows: Tensor) -> Tensor | None:
+    def blocks(self, ids: slice | Tensor, rows: Tensor) -> Tensor | None:
+        """Bias (nb, G, T, P) of the pool blocks ``ids`` owned by ``rows`` (nb,), or None for none.
+
+        Args:
+            ids: a slice of block ids or (nb,) block ids.
+            rows: (nb,) the row of every block.
+        """
         return None
 
     def row(self, r: int, ids: Tensor) -> Tensor | None:
+        """Bias (G, T, nb * P) of row ``r``'s blocks ``ids`` (nb,), slots in order, or None for none."""
         return None
 
 
@@ -61,7 +71,7 @@ class FPAPastBias(PastBias):
     penalty passes it at query t - 1 for every query head of its group gets -inf from query t on
     (the threshold rule applied inside the call)."""
 
-    def __init__(self, store: PagedStore, field: Tensor, beta, threshold: float | None = None):
+    def __init__(self, store: PagedStore, field: Tensor, beta: Tensor | float, threshold: float | None = None):
         self.threshold = threshold
         G, T = store.groups, field.shape[-1]
         self.store, self.G, self.Hkv = store, G, field.shape[1] // G
@@ -72,13 +82,15 @@ class FPAPastBias(PastBias):
             b = torch.full((self.Hkv * G,), float(beta), dtype=_dt(field), device=field.device)
         self.b = b.reshape(self.Hkv, G)
 
-    def blocks(self, ids, rows):
+    def blocks(self, ids: slice | Tensor, rows: Tensor) -> Tensor:
+        """Bias (nb, G, T, P) of the pool blocks ``ids`` owned by ``rows`` (nb,)."""
         level = self.store.pool["level"][ids].permute(0, 2, 1)[:, :, None, :]  # (nb, G, 1, P)
         pm = self.store.pool["pm"][ids].permute(0, 2, 1)[:, :, None, :]
         m = torch.minimum(pm, self.cm[rows][..., None])  # (nb, G, T, P)
         return self._evict((level - m).relu_().mul_(-self.b[rows % self.Hkv][..., None, None]), 1)
 
-    def row(self, r, ids):
+    def row(self, r: int, ids: Tensor) -> Tensor:
+        """Bias (G, T, nb * P) of row ``r``'s blocks ``ids`` (nb,)."""
         level = self.store.pool["level"][ids].reshape(-1, self.G).T[:, None, :]  # (G, 1, n)
         pm = self.store.pool["pm"][ids].reshape(-1, self.G).T[:, None, :]
         m = torch.minimum(pm, self.cm[r][..., None])  # (G, T, n)
@@ -102,22 +114,25 @@ class AlibiPastBias(PastBias):
 
     def __init__(self, store: PagedStore, qpos: Tensor, slopes: Tensor):
         self.store = store
-        self.s = slopes.float().to(qpos.device).reshape(-1, store.groups)  # (Hkv, G)
+        # non_blocking: slopes made on the host would otherwise be a synchronous copy (a host sync)
+        self.s = slopes.float().to(qpos.device, non_blocking=True).reshape(-1, store.groups)  # (Hkv, G)
         self.Hkv, self.qpos = self.s.shape[0], qpos
 
-    def blocks(self, ids, rows):
+    def blocks(self, ids: slice | Tensor, rows: Tensor) -> Tensor:
+        """Bias (nb, G, T, P) of the pool blocks ``ids`` owned by ``rows`` (nb,)."""
         qp = self.qpos[torch.div(rows, self.Hkv, rounding_mode="floor")].to(self.dtype)  # (nb, T)
         kp = self.store.pool["pos"][ids].to(self.dtype)
         dist = (qp[:, None, :, None] - kp[:, None, None, :]).clamp_(min=0)
         return dist * -self.s[rows % self.Hkv][..., None, None].to(self.dtype)
 
-    def row(self, r, ids):
+    def row(self, r: int, ids: Tensor) -> Tensor:
+        """Bias (G, T, nb * P) of row ``r``'s blocks ``ids`` (nb,)."""
         qp = self.qpos[r // self.Hkv].to(self.dtype)  # (T,)
         dist = (qp[None, :, None] - self.store.pool["pos"][ids].reshape(1, 1, -1).to(self.dtype)).clamp_(min=0)
         return dist.mul(-self.s[r % self.Hkv][:, None, None].to(self.dtype))  # (G, T, n)
 
 
-def fpa_past_bias(store: PagedStore, field: Tensor, beta, threshold: float | None = None) -> PastBias:
+def fpa_past_bias(store: PagedStore, field: Tensor, beta: Tensor | float, threshold: float | None = None) -> PastBias:
     """The cached keys' bias for FPA/FoX (see FPAPastBias)."""
     return FPAPastBias(store, field, beta, threshold)
 
@@ -128,10 +143,11 @@ def alibi_past_bias(store: PagedStore, qpos: Tensor, slopes: Tensor) -> PastBias
 
 
 def _safe(m: Tensor) -> Tensor:
+    """m with its infinities (rows without a key) replaced by 0, safe to subtract."""
     return torch.where(torch.isinf(m), torch.zeros_like(m), m)
 
 
-def _block_chunks(store: PagedStore, GT: int, D: int):
+def _block_chunks(store: PagedStore, GT: int, D: int) -> Iterator[slice]:
     """Slices of pool blocks whose temporaries stay within CHUNK_ELEMS."""
     P, N = store.P, store.num_blocks
     step = max(1, CHUNK_ELEMS // max(GT * P, P * D, GT * D))
@@ -139,17 +155,19 @@ def _block_chunks(store: PagedStore, GT: int, D: int):
         yield slice(a, min(N, a + step))
 
 
-def _row_chunks(store: PagedStore, GT: int, D: int):
+def _row_chunks(store: PagedStore, GT: int, D: int) -> Iterator[tuple[int, Tensor]]:
     """(r, ids): each row's block ids in order, in runs whose temporaries stay within CHUNK_ELEMS."""
     P = store.P
     step = max(1, CHUNK_ELEMS // max(GT * P, P * D))
-    table, nblk = store.table.long(), store.nblk.tolist()
+    table, nblk = store.table.long(), store.nblk_host
     for r in range(store.R):
         for a in range(0, nblk[r], step):
             yield r, table[r, a : min(nblk[r], a + step)]
 
 
-def _block_scores(store, qr, ids, bias, scale, T):
+def _block_scores(
+    store: PagedStore, qr: Tensor, ids: slice, bias: PastBias | None, scale: float, T: int
+) -> tuple[Tensor, Tensor]:
     """Scores (nb, G, T, P) of the blocks ``ids`` (a slice); rows (nb,)."""
     rows = store.block_rows()[ids]
     kb = store.pool["k"][ids].to(qr.dtype)  # (nb, P, D): a view of the pool
@@ -160,7 +178,9 @@ def _block_scores(store, qr, ids, bias, scale, T):
     return s.masked_fill_(~store.pool["valid"][ids][:, None, None, :], float("-inf")), rows
 
 
-def _row_scores(store, qr, r, ids, bias, scale, T):
+def _row_scores(
+    store: PagedStore, qr: Tensor, r: int, ids: Tensor, bias: PastBias | None, scale: float, T: int
+) -> Tensor:
     """Scores (G, T, n) of row r's blocks ``ids`` (n = nb * P slots, in order)."""
     k = store.pool["k"][ids].reshape(-1, qr.shape[-1]).to(qr.dtype)  # (n, D)
     s = torch.matmul(qr[r], k.T).mul_(scale).view(store.groups, T, -1)
@@ -176,7 +196,7 @@ def use_rows(store: PagedStore, T: int) -> bool:
     return store.groups * T >= store.P
 
 
-def past_attention(store: PagedStore, q: Tensor, scale: float, bias: PastBias | None):
+def past_attention(store: PagedStore, q: Tensor, scale: float, bias: PastBias | None) -> tuple[Tensor, Tensor, Tensor]:
     """Unnormalised attention of q (B, Hq, T, D) over the store's keys.
 
     Returns (M, L, O): M (B, Hq, T) running max (-inf where no key), L (B, Hq, T) = sum exp(s - M),
@@ -204,8 +224,8 @@ def past_attention(store: PagedStore, q: Tensor, scale: float, bias: PastBias | 
             O[r] = O[r] * alpha[:, None] + p @ store.pool["v"][ids].reshape(-1, Dv).to(p.dtype)
             M[r] = Mn
         return M.view(B, Hq, T), L.view(B, Hq, T), O.view(B, Hq, T, Dv)
-    for ids in _block_chunks(store, GT, max(D, Dv)):
-        s, rows = _block_scores(store, qr, ids, bias, scale, T)
+    for blk in _block_chunks(store, GT, max(D, Dv)):
+        s, rows = _block_scores(store, qr, blk, bias, scale, T)
         nb = len(rows)
         Mn = M.scatter_reduce(0, rows[:, None].expand(nb, GT), s.amax(-1).view(nb, GT), "amax", include_self=True)
         Ms = _safe(Mn)
@@ -214,14 +234,14 @@ def past_attention(store: PagedStore, q: Tensor, scale: float, bias: PastBias | 
         O.mul_(alpha[..., None])
         p = s.view(nb, GT, store.P).sub_(Ms[rows][..., None]).clamp_(min=EXP_FLOOR).exp_()
         L.index_add_(0, rows, p.sum(-1))
-        O.index_add_(0, rows, torch.bmm(p, store.pool["v"][ids].to(p.dtype)))
+        O.index_add_(0, rows, torch.bmm(p, store.pool["v"][blk].to(p.dtype)))
         M = Mn
     return M.view(B, Hq, T), L.view(B, Hq, T), O.view(B, Hq, T, Dv)
 
 
 def past_weights(
     store: PagedStore, q: Tensor, scale: float, bias: PastBias | None, M: Tensor, L: Tensor, full: bool = True
-):
+) -> Tensor | tuple[Tensor, Tensor]:
     """Normalised weights of the cached keys in pool layout given the final M, L (B, Hq, T) of the
     whole softmax (cached and new keys): (N, P, G, T) if ``full``, else the two per-slot sums
     TOVA/H2O record, (last (N, P): the last query's weight, mean over the G query heads;
@@ -234,12 +254,10 @@ def past_weights(
     dt = _dt(q)
     if bias is not None:
         bias.dtype = dt
-    if full:
-        out = torch.zeros(N, P, G, T, dtype=dt, device=q.device)
-    else:
-        out = (torch.zeros(N, P, dtype=dt, device=q.device), torch.zeros(N, P, dtype=dt, device=q.device))
+    out = torch.zeros((N, P, G, T) if full else (N, P), dtype=dt, device=q.device)  # full, or the last query's
+    total = torch.zeros((0, P) if full else (N, P), dtype=dt, device=q.device)
     if "k" not in store or N == 0:
-        return out
+        return out if full else (out, total)
     if use_rows(store, T):
         for r, ids in _row_chunks(store, G * T, D):
             w = _row_scores(store, qr, r, ids, bias, scale, T).sub_(Ms[r][..., None]).clamp_(min=EXP_FLOOR).exp_()
@@ -248,19 +266,21 @@ def past_weights(
             if full:
                 out[ids] = w.permute(2, 3, 0, 1)
             else:
-                out[0][ids], out[1][ids] = w[:, -1].mean(0), w.sum((0, 1))
-        return out
-    for ids in _block_chunks(store, G * T, D):
-        s, rows = _block_scores(store, qr, ids, bias, scale, T)
+                out[ids], total[ids] = w[:, -1].mean(0), w.sum((0, 1))
+        return out if full else (out, total)
+    for blk in _block_chunks(store, G * T, D):
+        s, rows = _block_scores(store, qr, blk, bias, scale, T)
         w = s.sub_(Ms[rows][..., None]).clamp_(min=EXP_FLOOR).exp_().div_(Lr[rows][..., None])  # (nb, G, T, P)
         if full:
-            out[ids] = w.permute(0, 3, 1, 2)
+            out[blk] = w.permute(0, 3, 1, 2)
         else:
-            out[0][ids], out[1][ids] = w[:, :, -1].mean(1), w.sum((1, 2))
-    return out
+            out[blk], total[blk] = w[:, :, -1].mean(1), w.sum((1, 2))
+    return out if full else (out, total)
 
 
-def new_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, bias: Tensor, pad_to: int = 16):
+def new_attention(
+    q: Tensor, k: Tensor, v: Tensor, scale: float, bias: Tensor, pad_to: int = 16
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Dense attention of q (B, Hq, T, D) over the T new keys k, v (B, Hkv, T, D) with ``bias``
     (broadcastable to (B, Hq, T, T), -inf where not allowed; every row has a finite entry).
     Returns (m, l, o, s): row max, sum exp(s - m), sum exp(s - m) v, and the scores s (B, Hq, T, T).
@@ -286,7 +306,7 @@ def cached_attention(
     past_bias: PastBias | None,
     new_bias: Tensor,
     weights: str | None = None,
-):
+) -> tuple[Tensor, Tensor | tuple[Tensor, Tensor] | None, Tensor | None]:
     """Attention of q (B, Hq, T, D) over the store (before the new keys are appended) and the new
     keys k, v (B, Hkv, T, D). Returns (o (B, Hq, T, Dv) in q's dtype, w_past, w_new). With
     ``weights`` "full" or "record", w_past is ``past_weights(..., full=weights == "full")`` and

@@ -15,11 +15,12 @@ bookkeeping); a layer called with a plain dict keeps a ``LayerState`` in it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
 
-from fpa.ops.cached.paged import cached_attention, dense_weights
+from fpa.ops.cached.paged import PastBias, cached_attention, dense_weights
 from fpa.ops.cached.storage import _PAD, Q_HEAD_FIELDS, PagedStore
 from fpa.ops.field import past_min_from_field
 
@@ -42,6 +43,15 @@ class LayerInfo:
     mode: str | None = None
 
 
+class ChunkPolicy(Protocol):
+    """A threshold rule applied inside each forward call (``fpa.cache`` policies with
+    ``within_chunks=True``)."""
+
+    def effective_threshold(self, layer: Any) -> float:
+        """The threshold the rule applies to ``layer`` (a ``LayerState``)."""
+        ...
+
+
 class LayerState:
     """Decoding state of one attention layer.
 
@@ -60,7 +70,7 @@ class LayerState:
     Padding tokens (mask False) are stored as padding slots: no key, no walk step, no decay.
     """
 
-    chunk_policy = None  # a threshold policy with within_chunks=True (set by FPACache): applied inside calls
+    chunk_policy: ChunkPolicy | None = None  # set by FPACache for a rule with within_chunks=True
 
     def __init__(self, croppable: bool = True, block_size: int = 16):
         self.store: PagedStore | None = None
@@ -86,11 +96,23 @@ class LayerState:
                 f"{info.kind!r} layer (mode={info.mode}, groups={info.groups}): use a new FPACache"
             )
 
+    def configured(self) -> tuple[PagedStore, LayerInfo]:
+        """(store, info) of a configured state.
+
+        Raises:
+            ValueError: ``configure`` was never called (the layer never ran on this state).
+        """
+        if self.store is None or self.info is None:
+            raise ValueError(
+                "this cache layer is not configured yet: an attention layer configures it on its first call"
+            )
+        return self.store, self.info
+
     def _grouped(self, x: Tensor) -> Tensor:
         """(B, Hkv, ...) -> (B, Hq, ...) for per-query-head fields."""
-        return x.repeat_interleave(self.info.groups, dim=1)
+        return x.repeat_interleave(self.configured()[1].groups, dim=1)
 
-    def positions(self, B: int, T: int, device, mask: Tensor | None = None) -> Tensor:
+    def positions(self, B: int, T: int, device: torch.device | str, mask: Tensor | None = None) -> Tensor:
         """(B, T) int64 positions of T new tokens: each row counts its own real tokens (padding
         positions get the position of the next real token; they are never used)."""
         start = self.next_position
@@ -107,28 +129,38 @@ class LayerState:
         return like[:, :, :0]
 
     def attend(
-        self, q: Tensor, k: Tensor, v: Tensor, past_bias, new_bias: Tensor, need_weights: bool = False, **append_kw
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        past_bias: PastBias | None,
+        new_bias: Tensor,
+        need_weights: bool = False,
+        **append_kw: Any,
     ) -> tuple[Tensor, Tensor | None]:
         """Attention of the T new queries q (B, Hq, T, D) over the cached keys and the new keys
         k, v (B, Hkv, T, D), then ``append(k, v, **append_kw)``. past_bias: a fpa.ops.cached.paged
         bias for the cached keys (or None); new_bias broadcastable to (B, Hq, T, T) (-inf where
         not allowed). Returns (o (B, Hq, T, Dv), weights (B, Hq, T, C + T) over the slots cached
         before the call in ``store[...]`` order and then the new keys, or None)."""
+        store, info = self.configured()
         mode = "full" if need_weights else ("record" if self.need_weights else None)
-        o, w_past, w_new = cached_attention(self.store, q, k, v, q.shape[-1] ** -0.5, past_bias, new_bias, mode)
-        w, new_w = None, None
-        if need_weights:
-            w = dense_weights(self.store, w_past, w_new)
+        o, w_past, w_new = cached_attention(store, q, k, v, q.shape[-1] ** -0.5, past_bias, new_bias, mode)
+        w, sums, new_w = None, None, None
+        if isinstance(w_past, Tensor):  # "full": (N, P, G, T)
+            w = None if w_new is None else dense_weights(store, w_past, w_new)
             if self.need_weights:
-                w_past = (w_past[..., -1].mean(-1), w_past.sum((2, 3)))
-        if self.need_weights:
-            if self.store.num_blocks:
+                sums = (w_past[..., -1].mean(-1), w_past.sum((2, 3)))
+        elif w_past is not None:  # "record": (last, score)
+            sums = w_past
+        if sums is not None and w_new is not None:
+            if store.num_blocks:
                 for name in WEIGHT_FIELDS:
-                    self.store.add_field(name)
-                self.store.pool["last"].copy_(w_past[0])
-                self.store.pool["score"].add_(w_past[1])
+                    store.add_field(name)
+                store.pool["last"].copy_(sums[0])
+                store.pool["score"].add_(sums[1])
             B, Hq, T, _ = w_new.shape
-            wk = w_new.view(B, Hq // self.info.groups, self.info.groups, T, T)
+            wk = w_new.view(B, Hq // info.groups, info.groups, T, T)
             new_w = dict(last=wk[:, :, :, -1].mean(2), score=wk.sum((2, 3)))
         self.append(k, v, weights=new_w, **append_kw)
         return o, w
@@ -141,12 +173,13 @@ class LayerState:
         level: Tensor | None = None,
         pos: Tensor | None = None,
         mask: Tensor | None = None,
-        weights: dict | None = None,
+        weights: dict[str, Tensor] | None = None,
     ) -> None:
         """Store T new keys k, v (B, Hkv, T, D). field/level (B, Hq, T) (FPA/FoX; +PAD_BIG at padding
         positions) also update every pm_j <- min(pm_j, min field). pos (B, T): positions (default
         ``positions``); mask (B, T) bool: False for padding tokens, stored as invalid slots;
         weights: the new keys' "last" and "score" (B, Hkv, T) (TOVA/H2O; default 0)."""
+        store, _ = self.configured()
         B, Hkv, T, _ = k.shape
         if self.next_position is None:
             self.next_position = torch.zeros(B, dtype=torch.long, device=k.device)
@@ -154,13 +187,15 @@ class LayerState:
             pos = self.positions(B, T, k.device, mask)
         new = dict(k=k, v=v, pos=pos.to(torch.int32)[:, None, :].expand(B, Hkv, T))
         if field is not None:
-            if "pm" in self.store:
-                self.store.minimum_per_row("pm", field.min(-1).values)
+            if level is None:
+                raise ValueError("append needs the level with the field (FPA/FoX layers)")
+            if "pm" in store:
+                store.minimum_per_row("pm", field.min(-1).values)
             new.update(level=level, pm=past_min_from_field(field))
             if self.is_croppable:
                 self._fields.append(field.detach())
         for name in WEIGHT_FIELDS:
-            if name in self.store or self.need_weights:
+            if name in store or self.need_weights:
                 new[name] = (weights or {}).get(name, k.new_zeros(B, Hkv, T, dtype=torch.float32))
         if mask is not None:
             gone = ~mask[:, None, :].expand(B, Hkv, T)
@@ -169,14 +204,14 @@ class LayerState:
                 if name in new and name != "valid":
                     x = new[name]
                     new[name] = x.masked_fill(self._grouped(gone) if name in Q_HEAD_FIELDS else gone, pad)
-        self.store.append(**new)
+        store.append(**new)
         real = pos.long() if mask is None else pos.long().masked_fill(~mask, -1)
         self.next_position = torch.maximum(self.next_position, real.max(-1).values + 1)
         self.length += T
 
     def counts(self) -> Tensor:
         """(B, Hkv) keys held per row and KV head."""
-        return self.store.counts()
+        return self.configured()[0].counts()
 
     def tokens_seen(self) -> int:
         """Real (non-padding) tokens seen, summed over batch rows."""

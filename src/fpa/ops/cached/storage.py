@@ -15,12 +15,20 @@ Pool fields, one slot per (block, offset), shape (N, P, ...):
 
 - ``append`` writes T new slots at the end of every row (a row whose last block is full takes a
   free block; the pool grows by ``growth`` x when none is left): O(T) per row, amortised.
-- ``evict(keep)`` (keep (N, P) bool, pool layout) marks slots invalid (holes); a row whose holes
-  reach ``max(P, slack * kept)`` is compacted (its kept slots move to the front of its own
-  blocks, the emptied blocks return to the free list): O(1) amortised per evicted key. When the
-  free blocks exceed ``R + N * growth * 2`` the pool is repacked into a smaller allocation.
-- So, per layer, slots allocated <= kept * (1 + slack + 2 * growth) + about 3 R P; bytes_held counts
-  every allocated byte (pool, block table, owner index).
+- ``evict(keep)`` (keep (N, P) bool, pool layout) marks slots invalid (holes). Once ``P`` tokens
+  were appended since the last time, it also reclaims (``reclaim``): a row whose holes reach
+  ``max(P, slack * kept)`` is compacted (its kept slots move to the front of its own blocks, the
+  emptied blocks return to the free list): O(1) amortised per evicted key. When the free blocks
+  exceed ``R + N * growth * 2`` the pool is repacked into a smaller allocation.
+- So, per layer, after every reclaim, slots allocated <= kept * (1 + slack + 2 * growth) + about
+  3 R P; bytes_held counts every allocated byte (pool, block table, owner index). Between two
+  reclaims (fewer than P tokens appended) the slots evicted since the last one stay allocated.
+
+Host syncs: ``fill_host`` and ``nblk_host`` mirror ``fill`` and ``nblk`` on the host, so an append
+knows how many blocks to take (its sizes follow from T alone) and never reads a device value (each
+read is a host sync on an accelerator); neither does ``evict`` between reclaims, nor ``counts``,
+``from_dense`` or the dense views. A reclaim reads the hole counts and the new fills (a few syncs,
+once every P appended tokens); so do ``truncate``, ``select_rows`` and ``compact``.
 
 Nothing builds a padded (B, H, C) copy of the keys on the decode path (fpa.ops.cached.paged reads the
 pool directly). ``store[name]`` is such a padded copy, for inspection, tests and the budget policies'
@@ -53,10 +61,18 @@ class PagedStore:
         self.table = torch.zeros(0, 0, dtype=torch.int32)
         self.nblk = self.fill = torch.zeros(0, dtype=torch.long)
         self.free = torch.zeros(0, dtype=torch.long)  # stack of free block ids
+        self.fill_host: list[int] = []  # fill and nblk per row, on the host
+        self.nblk_host: list[int] = []
+        self.tokens_since_reclaim = 0  # tokens appended to every row since the last reclaim
+
+    def _reset(self) -> None:
+        """Empty the store (as a new one)."""
+        PagedStore.__init__(self, self.groups, self.P, self.growth, self.slack)
 
     # --- shape helpers ---------------------------------------------------------------------------
     @property
     def R(self) -> int:
+        """Rows: batch rows x KV heads."""
         return self.B * self.Hkv
 
     @property
@@ -93,13 +109,13 @@ class PagedStore:
     def dense_index(self) -> Tensor:
         """(R, C) int64 flat pool index of every row's slots 0..C-1 (C = largest fill), -1 past a
         row's fill."""
-        C = int(self.fill.max()) if self.R else 0
+        C = max(self.fill_host, default=0)
         s = torch.arange(C, device=self.owner.device)
         idx = self._slot_index(torch.arange(self.R, device=s.device), s.expand(self.R, C))
         return idx.masked_fill(s[None] >= self.fill[:, None], -1)
 
     # --- inspection / dense views ---------------------------------------------------------------
-    def to_dense(self, x: Tensor, pad=0, index: Tensor | None = None) -> Tensor:
+    def to_dense(self, x: Tensor, pad: float = 0, index: Tensor | None = None) -> Tensor:
         """A pool-layout tensor (N, P, ...) -> (R, C, ...) in slot order, ``pad`` past each fill."""
         idx = self.dense_index() if index is None else index
         flat = x.reshape((-1,) + x.shape[2:])
@@ -107,14 +123,16 @@ class PagedStore:
         gone = (idx < 0).reshape(idx.shape + (1,) * (out.dim() - 2))
         return out.masked_fill(gone, pad)
 
-    def from_dense(self, x: Tensor, fill=True, index: Tensor | None = None) -> Tensor:
+    def from_dense(self, x: Tensor, fill: bool | float = True, index: Tensor | None = None) -> Tensor:
         """(B, Hkv, C) per-slot values aligned with ``store[...]`` -> pool layout (N, P); ``fill``
         where no dense slot maps."""
         idx = self.dense_index() if index is None else index
-        out = torch.full((self.num_blocks * self.P,), fill, dtype=x.dtype, device=x.device)
-        ok = idx >= 0
-        out[idx[ok]] = x.reshape(self.R, -1)[ok]
-        return out.view(self.num_blocks, self.P)
+        n = self.num_blocks * self.P
+        out = torch.full((n + 1,), fill, dtype=x.dtype, device=x.device)
+        # dense slots past a row's fill write to one extra element, dropped after: a boolean mask
+        # would size the write by its values (a host sync)
+        out[torch.where(idx >= 0, idx, n).reshape(-1)] = x.reshape(-1)
+        return out[:n].view(self.num_blocks, self.P)
 
     def __getitem__(self, name: str) -> Tensor:
         """A padded dense COPY of a field: (B, Hkv, C, ...) or (B, Hq, C) for level/pm."""
@@ -129,10 +147,9 @@ class PagedStore:
 
     def counts(self) -> Tensor:
         """(B, Hkv) int64: keys held by each (row, KV head)."""
-        per_block = self.pool["valid"].sum(-1) if self.pool else self.owner.new_zeros(0)
         out = torch.zeros(self.R, dtype=torch.long, device=self.owner.device)
-        used = self.owner >= 0
-        out.index_add_(0, self.owner[used], per_block[used])
+        if self.pool:  # a free block holds no valid slot: it adds 0 to row 0
+            out.index_add_(0, self.block_rows(), self.pool["valid"].sum(-1))
         return out.view(self.B, self.Hkv)
 
     # --- allocation ------------------------------------------------------------------------------
@@ -145,30 +162,35 @@ class PagedStore:
         self.owner = torch.cat([self.owner, self.owner.new_full((n_new,), -1)])
         self.free = torch.cat([self.free, torch.arange(old + n_new - 1, old - 1, -1, device=self.owner.device)])
 
-    def _take_blocks(self, need: Tensor) -> None:
-        """Give row r need[r] more blocks (appended to its table)."""
-        total = int(need.sum())
+    def _take_blocks(self, need: Tensor, need_host: list[int]) -> None:
+        """Give row r need[r] more blocks (appended to its table); ``need_host`` holds the same
+        counts on the host (every size here comes from it: no device value is read)."""
+        total = sum(need_host)
         if total == 0:
             return
         if total > self.free.numel():
             used = self.num_blocks - self.free.numel()
             self._grow_pool(max(total - self.free.numel(), math.ceil((used + total) * self.growth) + self.R))
-        cols = int((self.nblk + need).max())
+        cols = max(n + d for n, d in zip(self.nblk_host, need_host))
         if cols > self.table.shape[1]:
             grown = max(cols, int(self.table.shape[1] * (1 + self.growth)) + 1)
             t = self.table.new_full((self.R, grown), -1)
             t[:, : self.table.shape[1]] = self.table
             self.table = t
         ids, self.free = self.free[-total:], self.free[:-total]
-        rows = torch.repeat_interleave(torch.arange(self.R, device=need.device), need)
+        rows = torch.repeat_interleave(torch.arange(self.R, device=need.device), need, output_size=total)
         start = torch.cumsum(need, 0) - need
         col = self.nblk[rows] + torch.arange(total, device=need.device) - start[rows]
         self.table[rows, col] = ids.to(torch.int32)
         self.owner[ids] = rows
         self.nblk = self.nblk + need
+        self.nblk_host = [n + d for n, d in zip(self.nblk_host, need_host)]
 
-    def _release(self, rows: Tensor, keep_blocks: Tensor) -> None:
-        """Return the blocks of ``rows`` past their first ``keep_blocks`` to the free list."""
+    def _release(self, rows: Tensor, keep_blocks: Tensor, rows_host: list[int], keep_host: list[int]) -> None:
+        """Return the blocks of ``rows`` past their first ``keep_blocks`` (each <= the row's blocks)
+        to the free list; ``rows_host``, ``keep_host``: the same on the host."""
+        if all(self.nblk_host[r] == k for r, k in zip(rows_host, keep_host)):
+            return
         cols = torch.arange(self.table.shape[1], device=rows.device)
         gone = (cols[None] >= keep_blocks[:, None]) & (cols[None] < self.nblk[rows][:, None])
         ids = self.table[rows][gone].long()
@@ -179,6 +201,8 @@ class PagedStore:
             t = self.table[rows]
             self.table[rows] = t.masked_fill(gone, -1)
         self.nblk[rows] = keep_blocks
+        for r, k in zip(rows_host, keep_host):
+            self.nblk_host[r] = k
 
     # --- writing --------------------------------------------------------------------------------
     def append(self, **new: Tensor) -> Tensor:
@@ -197,6 +221,7 @@ class PagedStore:
             self.nblk = torch.zeros(self.R, dtype=torch.long, device=dev)
             self.fill = torch.zeros(self.R, dtype=torch.long, device=dev)
             self.free = torch.zeros(0, dtype=torch.long, device=dev)
+            self.fill_host, self.nblk_host = [0] * self.R, [0] * self.R
         elif (B, Hkv) != (self.B, self.Hkv):
             raise ValueError(f"append got {B} rows x {Hkv} KV heads, the store holds {self.B} x {self.Hkv}")
         new.setdefault("valid", torch.ones(ref.shape, dtype=torch.bool, device=ref.device))
@@ -204,13 +229,18 @@ class PagedStore:
             if name not in self.pool:
                 s = self._to_slots(name, x)
                 self.pool[name] = s.new_zeros((self.num_blocks, self.P) + s.shape[1:])
-        need = torch.div(self.fill + T + self.P - 1, self.P, rounding_mode="floor") - self.nblk
-        self._take_blocks(need.clamp(min=0))
+        P = self.P
+        need_host = [max(0, (f + T + P - 1) // P - n) for f, n in zip(self.fill_host, self.nblk_host)]
+        if any(need_host):
+            need = torch.div(self.fill + T + P - 1, P, rounding_mode="floor") - self.nblk
+            self._take_blocks(need.clamp(min=0), need_host)
         rows = torch.arange(self.R, device=ref.device)
         idx = self._slot_index(rows, self.fill[:, None] + torch.arange(T, device=ref.device))  # (R, T)
         for name, x in new.items():
             self.flat(name)[idx.reshape(-1)] = self._to_slots(name, x).to(self.pool[name].dtype)
         self.fill = self.fill + T
+        self.fill_host = [f + T for f in self.fill_host]
+        self.tokens_since_reclaim += T
         return idx
 
     def add_field(self, name: str, fill: float = 0.0) -> None:
@@ -229,30 +259,47 @@ class PagedStore:
 
     # --- eviction ---------------------------------------------------------------------------------
     def evict(self, keep: Tensor) -> None:
-        """Turn the valid slots where ``keep`` (N, P) bool is False into holes; compact every row
-        whose holes reach max(P, slack * kept), then repack the pool if too much of it is free."""
+        """Turn the valid slots where ``keep`` (N, P) bool is False into holes (no host sync); then
+        ``reclaim`` if ``P`` tokens or more were appended since the last reclaim."""
         valid = self.pool["valid"]
         gone = valid & ~keep
-        if not bool(gone.any()):
-            return
         valid &= keep
         for name, pad in _PAD.items():
             if name in self.pool and name != "valid":
                 x = self.pool[name]
                 x.masked_fill_(gone.reshape(gone.shape + (1,) * (x.dim() - 2)), pad)
+        if self.tokens_since_reclaim >= self.P:
+            self.reclaim()
+
+    def reclaim(self) -> None:
+        """Compact every row whose holes reach max(P, slack * kept), then repack the pool if too
+        much of it is free. Reads the hole counts (a host sync on an accelerator)."""
+        self.tokens_since_reclaim = 0
+        if not self.pool:
+            return
         n = self.counts().reshape(-1)
-        holes = self.fill - n
-        rows = (holes >= torch.clamp(self.slack * n, min=self.P)).nonzero().reshape(-1)
-        if rows.numel():
-            self.compact(rows)
+        flags = (self.fill - n >= torch.clamp(self.slack * n, min=self.P)).tolist()
+        rows_host = [r for r, f in enumerate(flags) if f]
+        if rows_host:
+            self._compact(self._on_device(rows_host), rows_host)
+
+    def _on_device(self, values: list[int]) -> Tensor:
+        """A host list as an int64 tensor on the store's device (an asynchronous copy)."""
+        return torch.tensor(values, dtype=torch.long).to(self.owner.device, non_blocking=True)
 
     def compact(self, rows: Tensor | None = None) -> None:
         """Move the kept slots of ``rows`` (default: all) to the front of their blocks, in order,
         and free the blocks no longer needed; then repack the pool if too much of it is free."""
-        rows = torch.arange(self.R, device=self.owner.device) if rows is None else rows
-        if self.pool and rows.numel():
+        if rows is None:
+            self._compact(torch.arange(self.R, device=self.owner.device), list(range(self.R)))
+        else:
+            self._compact(rows, [int(r) for r in rows.reshape(-1).tolist()])
+
+    def _compact(self, rows: Tensor, rows_host: list[int]) -> None:
+        """``compact`` of ``rows``, given on the device and on the host."""
+        if self.pool and rows_host:
             fill = self.fill[rows]
-            C = int(fill.max())
+            C = max(self.fill_host[r] for r in rows_host)
             s = torch.arange(C, device=rows.device).expand(rows.numel(), C)
             src = self._slot_index(rows, s).masked_fill(s >= fill[:, None], -1)
             ok = (src >= 0) & self.flat("valid")[src.clamp(min=0)]
@@ -267,7 +314,11 @@ class PagedStore:
             for name, x in data.items():
                 self.flat(name)[dst] = x
             self.fill[rows] = n
-            self._release(rows, torch.div(n + self.P - 1, self.P, rounding_mode="floor"))
+            n_host = n.tolist()
+            for r, k in zip(rows_host, n_host):
+                self.fill_host[r] = k
+            keep_host = [-(-k // self.P) for k in n_host]
+            self._release(rows, torch.div(n + self.P - 1, self.P, rounding_mode="floor"), rows_host, keep_host)
         if self.free.numel() > self.R + 2 * self.growth * self.num_blocks:
             self._repack()
 
@@ -285,7 +336,7 @@ class PagedStore:
         self.owner = torch.cat([self.owner[used], self.owner.new_full((spare,), -1)])
         t = self.table.long()
         self.table = torch.where(t >= 0, new_id[t.clamp(min=0)], -1).to(torch.int32)
-        cols = max(1, int(self.nblk.max()))
+        cols = max(1, max(self.nblk_host, default=0))
         if self.table.shape[1] > 2 * cols:
             self.table = self.table[:, :cols].clone()
         self.free = torch.arange(U + spare - 1, U - 1, -1, device=used.device)
@@ -295,16 +346,19 @@ class PagedStore:
         if not self.pool:
             return
         n = max(0, n)
-        C = int(self.fill.max())
+        C = max(self.fill_host)
         if n < C:
             s = torch.arange(n, C, device=self.owner.device).expand(self.R, C - n)
             rows = torch.arange(self.R, device=s.device)
             idx = self._slot_index(rows, s).masked_fill(s >= self.fill[:, None], -1)
             self.flat("valid")[idx[idx >= 0]] = False
         self.fill = self.fill.clamp(max=n)
+        self.fill_host = [min(f, n) for f in self.fill_host]
         self._release(
             torch.arange(self.R, device=self.owner.device),
             torch.div(self.fill + self.P - 1, self.P, rounding_mode="floor"),
+            list(range(self.R)),
+            [-(-f // self.P) for f in self.fill_host],
         )
 
     def select_rows(self, index: Tensor) -> None:
@@ -312,7 +366,7 @@ class PagedStore:
         if not self.pool:
             return
         dense = {name: self[name].index_select(0, index.to(self.owner.device)) for name in self.pool}
-        self.__init__(self.groups, self.P, self.growth, self.slack)
+        self._reset()
         self.append(**dense)
 
     # --- accounting -----------------------------------------------------------------------------

@@ -8,8 +8,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from fpa.ops import cpu_kernels
 from fpa.ops.chunked_attention import chunked_backward, chunked_forward
+from fpa.ops.cpu_kernels import calls, loader
 
 DEFAULT_CHUNK = 64
 
@@ -18,14 +18,14 @@ class _FoXChunkBias:
     def __init__(self, cum: Tensor, Tq: int, want_grad: bool):
         self.cum = cum  # (B, Hkv, G, Tk): cumulative log forget gate
         self.P, self.Tq = cum.shape[-1] - Tq, Tq
-        self.fused = cpu_kernels.usable(cum)
+        self.fused = loader.usable(cum)
         if self.fused:
             self.cum_rows = cum.reshape(-1, cum.shape[-1]).contiguous()  # (B * Hq, Tk)
         if want_grad:
             self.dcum = cum.new_zeros(cum.shape)
 
     def rows_forward(self, S: Tensor, lse: Tensor, r0: int, r1: int, scale: float) -> None:
-        cpu_kernels.fox_rows(S, None, lse, None, self.cum_rows, self.Tq, r0, r1, scale)
+        calls.fox_rows(S, None, lse, None, self.cum_rows, self.Tq, r0, r1, scale, lib=loader.require())
 
     def whole(
         self,
@@ -43,13 +43,15 @@ class _FoXChunkBias:
     ) -> None:
         dq, dk, dv = grads if grads is not None else (None, None, None)
         dcum = self.dcum.view(-1, self.dcum.shape[-1]) if want else None
-        cpu_kernels.fox_whole(q5, k, v, out, dout, lse, delta, dq, dk, dv, self.cum_rows, chunk, scale, dcum)
+        calls.fox_whole(
+            q5, k, v, out, dout, lse, delta, dq, dk, dv, self.cum_rows, chunk, scale, dcum, lib=loader.require()
+        )
 
     def rows_backward(
         self, S: Tensor, dP: Tensor, lse: Tensor, delta: Tensor, r0: int, r1: int, scale: float, want: bool
     ) -> None:
         dcum = self.dcum.view(-1, self.dcum.shape[-1]) if want else None
-        cpu_kernels.fox_rows(S, dP, lse, delta, self.cum_rows, self.Tq, r0, r1, scale, dcum)
+        calls.fox_rows(S, dP, lse, delta, self.cum_rows, self.Tq, r0, r1, scale, dcum, lib=loader.require())
 
     def bias(self, r0: int, r1: int, keep: bool) -> Tensor:
         P = self.P

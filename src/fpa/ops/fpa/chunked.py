@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from fpa.ops import cpu_kernels
 from fpa.ops.chunked_attention import chunked_backward, chunked_forward
+from fpa.ops.cpu_kernels import calls, loader
 
 DEFAULT_CHUNK = 64
 
@@ -29,7 +29,7 @@ class _FPAChunkBias:
         self.level = level  # (B, Hkv, G, Tk)
         self.beta = beta  # (1, Hkv, G, 1, 1)
         self.Tq, self.P = field.shape[-1], past_min.shape[-1]
-        self.fused = cpu_kernels.usable(field, past_min, level, beta)
+        self.fused = loader.usable(field, past_min, level, beta)
         if self.fused:  # row-block layout (B * Hq, n) of the C++ rows
             bh = field.shape[0] * field.shape[1] * field.shape[2]
             self.rows = [x.reshape(bh, x.shape[-1]).contiguous() for x in (field, past_min, level)]
@@ -41,11 +41,13 @@ class _FPAChunkBias:
             self.dbeta = torch.zeros_like(beta)
             if self.fused:
                 self.dbeta_bh = torch.zeros(self.rows[0].shape[0], dtype=torch.float64)
-        self._kept: tuple | None = None
+        self._kept: tuple[int, int, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor] | None = None
 
     def rows_forward(self, S: Tensor, lse: Tensor, r0: int, r1: int, scale: float) -> None:
         f, pm, lv = self.rows
-        cpu_kernels.fpa_rows(S, None, lse, None, f, pm, lv, self.beta_h, self.beta_h.shape[0], r0, r1, scale)
+        calls.fpa_rows(
+            S, None, lse, None, f, pm, lv, self.beta_h, self.beta_h.shape[0], r0, r1, scale, lib=loader.require()
+        )
 
     def rows_backward(
         self, S: Tensor, dP: Tensor, lse: Tensor, delta: Tensor, r0: int, r1: int, scale: float, want: bool
@@ -54,7 +56,9 @@ class _FPAChunkBias:
         grads = None
         if want:
             grads = (self.dvirtual.view(lv.shape[0], -1), self.dlevel.view(lv.shape), self.dbeta_bh)
-        cpu_kernels.fpa_rows(S, dP, lse, delta, f, pm, lv, self.beta_h, self.beta_h.shape[0], r0, r1, scale, grads)
+        calls.fpa_rows(
+            S, dP, lse, delta, f, pm, lv, self.beta_h, self.beta_h.shape[0], r0, r1, scale, grads, lib=loader.require()
+        )
 
     def whole(
         self,
@@ -73,8 +77,25 @@ class _FPAChunkBias:
         f, pm, lv = self.rows
         dq, dk, dv = grads if grads is not None else (None, None, None)
         bias_grads = (self.dvirtual.view(lv.shape[0], -1), self.dlevel.view(lv.shape), self.dbeta_bh) if want else None
-        cpu_kernels.fpa_whole(
-            q5, k, v, out, dout, lse, delta, dq, dk, dv, f, pm, lv, self.beta_h, chunk, scale, bias_grads
+        calls.fpa_whole(
+            q5,
+            k,
+            v,
+            out,
+            dout,
+            lse,
+            delta,
+            dq,
+            dk,
+            dv,
+            f,
+            pm,
+            lv,
+            self.beta_h,
+            chunk,
+            scale,
+            bias_grads,
+            lib=loader.require(),
         )
 
     def finish_grads(self) -> None:
@@ -128,8 +149,9 @@ class _FPAChunkBias:
         return neg_dip.mul_(self.beta)
 
     def backward(self, r0: int, r1: int, ds: Tensor) -> None:
-        kr0, kr1, neg_dip, a_vals, a_src, pc_vals, pc_idx, local_idx = self._kept
-        assert (kr0, kr1) == (r0, r1), "backward must follow bias(keep=True) for the same chunk"
+        if self._kept is None or self._kept[:2] != (r0, r1):
+            raise RuntimeError(f"backward({r0}, {r1}) must follow bias({r0}, {r1}, keep=True)")
+        _, _, neg_dip, a_vals, a_src, pc_vals, pc_idx, local_idx = self._kept
         self._kept = None
         K, n_before = self.P + r1, self.P + r0
         self.dbeta += (ds * neg_dip).sum(dim=(0, 3, 4), keepdim=True)
@@ -147,13 +169,15 @@ def _math_dtype(q: Tensor, field: Tensor) -> torch.dtype:
     return torch.float64 if q.dtype == torch.float64 or field.dtype == torch.float64 else torch.float32
 
 
-def _grouped(q: Tensor, k: Tensor, field: Tensor, past_min: Tensor, level: Tensor, beta: Tensor, dt: torch.dtype):
-    """q5 (B, Hkv, G, Tq, D), [field, past_min, level] as (B, Hkv, G, n), beta (1, Hkv, G, 1, 1), in dt."""
+def _grouped(
+    q: Tensor, k: Tensor, field: Tensor, past_min: Tensor, level: Tensor, beta: Tensor, dt: torch.dtype
+) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor], Tensor]:
+    """q5 (B, Hkv, G, Tq, D), (field, past_min, level) as (B, Hkv, G, n), beta (1, Hkv, G, 1, 1), in dt."""
     B, Hq, Tq, D = q.shape
     Hkv = k.shape[1]
     G = Hq // Hkv
-    grouped = [x.to(dt).reshape(B, Hkv, G, x.shape[-1]) for x in (field, past_min, level)]
-    return q.to(dt).reshape(B, Hkv, G, Tq, D), grouped, beta.to(dt).reshape(1, Hkv, G, 1, 1)
+    f, pm, lv = (x.to(dt).reshape(B, Hkv, G, x.shape[-1]) for x in (field, past_min, level))
+    return q.to(dt).reshape(B, Hkv, G, Tq, D), (f, pm, lv), beta.to(dt).reshape(1, Hkv, G, 1, 1)
 
 
 # Custom ops (not an autograd.Function): opaque to torch.compile, so a compiled model runs the

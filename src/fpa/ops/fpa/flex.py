@@ -20,6 +20,15 @@ from torch import Tensor
 
 
 def unavailable_reason(q: Tensor, needs_grad: bool) -> str | None:
+    """Why the flex backend cannot run q, or None.
+
+    Args:
+        q: The queries (their device decides).
+        needs_grad: Whether a backward will be needed (FlexAttention has none on CPU).
+
+    Returns:
+        A message, or None when the backend can run.
+    """
     try:
         import torch.nn.attention.flex_attention  # noqa: F401
     except ImportError:  # pragma: no cover - depends on the torch build

@@ -44,6 +44,7 @@ INTERPRETER_BLOCK = 16
 
 
 def interpreter_active() -> bool:
+    """True when Triton runs its CPU interpreter (``TRITON_INTERPRET`` set and not "0")."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
@@ -155,8 +156,13 @@ def _backward(L: _Launch, out: Tensor, lse: Tensor, dout: Tensor):
 
 
 class FPATritonFunction(torch.autograd.Function):
+    """Autograd function of the tiled Triton kernels (the arguments of ``fpa_triton``); the backward
+    recomputes the tiles with the sources of the minima and returns gradients in the inputs' dtypes."""
+
     @staticmethod
     def forward(ctx, q, k, v, field, level, past_min, beta, scale: float, block: int, skip_tolerance):
+        """q (B, Hq, Tq, D), k, v (B, Hkv, Tk, D/Dv), field (B, Hq, Tq), level (B, Hq, Tk),
+        past_min (B, Hq, Tk - Tq), beta (Hq,) -> out (B, Hq, Tq, Dv) in q's dtype."""
         L = _Launch(q, k, v, field, level, past_min, beta, scale, block, skip_tolerance, with_src=False)
         out, lse, _ = _forward(L)
         ctx.save_for_backward(q, k, v, field, level, past_min, beta, out, lse)
@@ -166,6 +172,8 @@ class FPATritonFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout):
+        """dout (B, Hq, Tq, Dv) -> the gradients of q, k, v, field, level, past_min and beta (None for
+        scale, block and skip_tolerance)."""
         q, k, v, field, level, past_min, beta, out, lse = ctx.saved_tensors
         L = _Launch(q, k, v, field, level, past_min, beta, *ctx.args, with_src=True)
         dq, dk, dv, dfield, dpast, dlevel, dbeta = _backward(L, out, lse, dout)
@@ -183,6 +191,8 @@ class FPATritonFunction(torch.autograd.Function):
 
 
 def default_block(q: Tensor) -> int:
+    """The tile size for q: on CUDA 64 for 16-bit inputs and 32 for float32/float64, 16 under the
+    interpreter."""
     if q.device.type != "cuda":
         return INTERPRETER_BLOCK
     return CUDA_BLOCK if q.dtype in (torch.float16, torch.bfloat16) else CUDA_BLOCK_WIDE

@@ -46,14 +46,21 @@ class Tiling:
 
     @property
     def Lq(self) -> int:
+        """Padded query length, nQ * block."""
         return self.nQ * self.block
 
     @property
     def Lk(self) -> int:
+        """Padded key length, nK * block."""
         return self.nK * self.block
 
 
 def make_tiling(Tq: int, Tk: int, block: int) -> Tiling:
+    """The tiling of Tq queries (the last of Tk positions) and Tk keys into tiles of ``block``.
+
+    The key axis gets ``pad`` fake keys at the front so that the first query starts key tile nP;
+    the query axis is padded at the end to nQ tiles.
+    """
     P = Tk - Tq
     pad = (-P) % block
     nP = (P + pad) // block
@@ -152,10 +159,16 @@ def route_field_grads(
     dsfx (BH, Lk): per key, the gradient that reached sfx; dtile (BH, nK): per tile minimum;
     dpref (BH, Lq): per query, the gradient that reached pref; ddiag (BH, Lq): already per
     field position (the kernel routed the diagonal tiles' in-tile minima itself).
+
+    Raises:
+        ValueError: ``tiles`` were built without the sources (``field_tiles(..., with_src=False)``).
     """
+    sfx_src, tmin_src, pref_src = tiles.sfx_src, tiles.tmin_src, tiles.pref_src
+    if sfx_src is None or tmin_src is None or pref_src is None:
+        raise ValueError("tiles must carry the sources of the minima: build them with field_tiles(..., with_src=True)")
     dvirt = ddiag.new_zeros(ddiag.shape[0], t.Tq + t.P)
     dvirt[:, : t.Tq] += ddiag[:, : t.Tq]
-    dvirt.scatter_add_(1, tiles.sfx_src, dsfx)
-    dvirt.scatter_add_(1, tiles.tmin_src[:, t.nP :], dtile[:, t.nP :])
-    dvirt.scatter_add_(1, tiles.pref_src, dpref)
+    dvirt.scatter_add_(1, sfx_src, dsfx)
+    dvirt.scatter_add_(1, tmin_src[:, t.nP :], dtile[:, t.nP :])
+    dvirt.scatter_add_(1, pref_src, dpref)
     return dvirt[:, : t.Tq], dvirt[:, t.Tq :]
