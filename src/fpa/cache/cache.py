@@ -23,6 +23,7 @@ else:
 
 from fpa.cache.layer import LayerCache
 from fpa.cache.policies import Policy, _ThresholdEviction
+from fpa.ops.checks import positive_int
 
 
 class FPACache(Cache):
@@ -45,8 +46,7 @@ class FPACache(Cache):
     def __init__(self, policy: Policy | None = None, block_size: int = 16):
         if policy is not None and not isinstance(policy, Policy):
             raise ValueError(f"policy must be an fpa.cache policy (FPAEviction, TOVA, ...) or None, got {policy!r}")
-        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-            raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+        positive_int("block_size", block_size)
         super().__init__(layer_class_to_replicate=LayerCache)
         self.policy = policy
         self.block_size = block_size

@@ -31,6 +31,7 @@ from torch import Tensor
 
 from fpa.cache.layer import LayerCache
 from fpa.ops.cached.storage import PagedStore
+from fpa.ops.checks import positive_int
 
 
 class Policy:
@@ -169,9 +170,7 @@ class FoXEviction(_ThresholdEviction):
 
 
 def _check_budget(budget: object) -> int:
-    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
-        raise ValueError(f"budget must be a positive int (keys kept per head), got {budget!r}")
-    return budget
+    return positive_int("budget", budget, "keys kept per head")
 
 
 def _check_part(name: str, value: object, budget: int) -> int:

@@ -8,13 +8,7 @@ import torch
 from torch import Tensor
 
 from fpa.cache.cache import FPACache
-
-
-def _check_chunk(chunk_size: object) -> int:
-    """chunk_size, or ValueError unless it is a positive int."""
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
-    return chunk_size
+from fpa.ops.checks import positive_int
 
 
 @torch.no_grad()
@@ -26,7 +20,7 @@ def prefill(model: Any, input_ids: Tensor, cache: FPACache, chunk_size: int = 51
         raise ValueError(f"cache must be an FPACache, got {type(cache).__name__}")
     if input_ids.dim() != 2 or input_ids.shape[1] == 0:
         raise ValueError(f"input_ids must have shape (B, T) with T >= 1, got {tuple(input_ids.shape)}")
-    chunk_size = _check_chunk(chunk_size)
+    chunk_size = positive_int("chunk_size", chunk_size)
     logits = torch.empty(0)  # replaced by the first chunk's (T >= 1: at least one chunk)
     for a in range(0, input_ids.shape[1], chunk_size):
         logits = model(input_ids[:, a : a + chunk_size], past_key_values=cache, use_cache=True).logits[:, -1]
@@ -57,9 +51,8 @@ def generate(
         raise ValueError(f"cache must be an FPACache, got {type(cache).__name__}")
     if input_ids.dim() != 2 or input_ids.shape[1] < 1:
         raise ValueError(f"input_ids must have shape (B, T) with T >= 1, got {tuple(input_ids.shape)}")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
-    chunk_size = _check_chunk(chunk_size)
+    positive_int("max_new_tokens", max_new_tokens)
+    chunk_size = positive_int("chunk_size", chunk_size)
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
     return model.generate(

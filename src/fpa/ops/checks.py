@@ -14,6 +14,22 @@ from torch import Tensor
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
+def positive_int(name: str, value: object, what: str = "") -> int:
+    """``value`` if it is a positive int (not a bool).
+
+    Args:
+        name: The argument's name, for the message.
+        value: What the caller passed.
+        what: An optional note on the argument's meaning, e.g. "keys kept per head".
+
+    Raises:
+        ValueError: ``value`` is not a positive int.
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int{f' ({what})' if what else ''}, got {value!r}")
+    return value
+
+
 def check_float(name: str, x: Tensor) -> None:
     """Check that ``x`` is a floating tensor (float16, bfloat16, float32 or float64).
 

@@ -59,9 +59,7 @@ def _pick_auto(q: Tensor, needs_grad: bool) -> str:
 def _check_chunk(chunk_size: int | None, default: int) -> int:
     if chunk_size is None:
         return default
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size!r}")
-    return chunk_size
+    return checks.positive_int("chunk_size", chunk_size, "or None")
 
 
 def _check_skip_tolerance(tol: float | None) -> None:

@@ -43,6 +43,8 @@ import math
 import torch
 from torch import Tensor
 
+from fpa.ops.checks import positive_int
+
 PAD_BIG = 1e30
 Q_HEAD_FIELDS = ("level", "pm")
 _PAD = {"level": PAD_BIG, "pm": -PAD_BIG, "pos": -1, "valid": False}
@@ -52,8 +54,7 @@ class PagedStore:
     """Paged storage of one layer; ``groups`` = Hq // Hkv (query heads per KV head)."""
 
     def __init__(self, groups: int, block_size: int = 16, growth: float = 1 / 32, slack: float = 0.05):
-        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-            raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+        positive_int("block_size", block_size)
         self.groups, self.P, self.growth, self.slack = groups, block_size, growth, slack
         self.pool: dict[str, Tensor] = {}
         self.B = self.Hkv = 0
