@@ -2,12 +2,13 @@
 
 For each configuration (full cache, FPAEviction at several tau) one cache grows through the
 lengths: a chunked prefill of random tokens up to each length L, then ``--window`` decode steps
-(one token each, random tokens fed back) timed together -> tokens/s at L; bytes held and kept
-fraction are read after the window. The prefill is not timed.
+(one random token each) timed one by one -> tokens/s at L (1 / median step time); bytes held and
+kept fraction are read after the window. The prefill's time is not reported. The loop is
+benchmarks/cache_runs.py's, shared with benchmarks/bench_long_context.py.
 
 The model: ``--model DIR`` loads a trained FPA checkpoint. Without it, the tiny preset
-(FPAConfig.from_preset("tiny", attention="fpa")) at random init, beta = ``--beta``, with every
-head's field and level rescaled to mean 0 and std ``--field-std`` on a random probe (at the
+(FPAConfig.from_preset("tiny", attention="fpa", fpa_mode="free")) at random init, beta = ``--beta``,
+with every head's field and level rescaled to mean 0 and std ``--field-std`` on a random probe (at the
 default init, weights std 0.02, a random model barely forgets, and heads whose level sits below
 their field keep everything; the calibration makes every head's field move).
 The eviction pattern of such a random field is NOT that of a trained model: the kept fractions
@@ -23,14 +24,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
+from cache_runs import grow_and_decode
 
-from fpa.cache import FPACache, FPAEviction, prefill
+from fpa.cache import FPAEviction
 from fpa.data.atomic import atomic_write_bytes, atomic_write_figure
 from fpa.models import FPAConfig, FPAForCausalLM
 
@@ -61,7 +60,7 @@ def build_model(args) -> tuple[FPAForCausalLM, str]:
         m = FPAForCausalLM.from_pretrained(args.model).eval()
         return m, f"checkpoint `{args.model}`"
     torch.manual_seed(args.seed)
-    m = FPAForCausalLM(FPAConfig.from_preset("tiny", attention="fpa")).eval()
+    m = FPAForCausalLM(FPAConfig.from_preset("tiny", attention="fpa", fpa_mode="free")).eval()
     with torch.no_grad():
         for block in m.model.layers:
             block.attn.set_beta_(args.beta)
@@ -70,36 +69,6 @@ def build_model(args) -> tuple[FPAForCausalLM, str]:
         f"tiny preset (attention=fpa, free), RANDOM init (seed {args.seed}) with every head's field and "
         f"level rescaled to mean 0, std {args.field_std} on a 512-token random probe; beta = {args.beta}"
     )
-
-
-@torch.no_grad()
-def run_config(model, policy, lengths, args, bar) -> list[dict]:
-    """Grow one cache through ``lengths``; per length the decode tokens/s over a window."""
-    g = torch.Generator().manual_seed(args.seed + 1)
-    vocab = model.config.vocab_size
-    cache, seen, rows = FPACache(policy), 0, []
-    for L in lengths:
-        if L > seen:
-            prefill(model, torch.randint(0, vocab, (1, L - seen), generator=g), cache, args.chunk)
-        steps = torch.randint(0, vocab, (args.window, 1, 1), generator=g)
-        step_s = []
-        for tok in steps:  # per-step times: the median resists the noise of a shared machine
-            t0 = time.perf_counter()
-            model(tok, past_key_values=cache, use_cache=True)
-            step_s.append(time.perf_counter() - t0)
-        seen = cache.get_seq_length()
-        rows.append(
-            dict(
-                config=policy.name if policy else "full",
-                length=L,
-                tokens_per_s=1.0 / statistics.median(step_s),
-                bytes_held=cache.bytes_held(),
-                bytes_live=cache.bytes_live(),
-                kept_fraction=cache.kept_fraction(),
-            )
-        )
-        bar.update(1)
-    return rows
 
 
 def markdown(rows: list[dict], header: str, args) -> str:
@@ -174,11 +143,13 @@ def main(argv=None) -> None:
         raise ValueError(f"--lengths must be positive and increasing, got {args.lengths}")
     model, header = build_model(args)
     policies = [None] + [FPAEviction(t) for t in args.taus]
-    rows = []
-    with tqdm(total=len(policies) * len(args.lengths), desc="bench_cache") as bar:
-        for policy in policies:  # results rewritten after each configuration, so a cut run keeps its part
-            rows += run_config(model, policy, args.lengths, args, bar)
-            write(rows, header, args)
+    g = torch.Generator().manual_seed(args.seed + 1)
+    tokens = torch.randint(0, model.config.vocab_size, (1, args.lengths[-1] + args.window), generator=g)
+    rows: list[dict] = []
+    for policy in policies:  # results rewritten after each configuration, so a cut run keeps its part
+        name = policy.name if policy else "full"
+        rows += grow_and_decode(model, policy, tokens, args.lengths, args.chunk, args.window, name)
+        write(rows, header, args)
     print(markdown(rows, header, args))
 
 

@@ -6,7 +6,8 @@ one (ms/token = median step time). Read after the window: bytes held (every allo
 cache), bytes of the kept keys alone, kept fraction; and the cache's high-water mark during the
 prefill segment that reached L (``FPACache.peak_bytes``: measured after each forward call, before
 the policy runs, so it includes the chunk). The text is Python standard-library source (UTF-8
-bytes, the byte tokenizer of the reproduction's models), files in a fixed shuffled order.
+bytes, the byte tokenizer of the reproduction's models), files in a fixed shuffled order. The
+loop is benchmarks/cache_runs.py's, shared with benchmarks/bench_cache.py.
 
 Configurations: ``full`` (no policy), ``fpa(tau=A)``, ``fpa(tau=B)`` (FPAEviction), ``window(N)``
 and ``h2o(N)`` on the FPA checkpoint (``--model``); ``fox(tau=C)`` (FoXEviction) on the FoX
@@ -24,20 +25,18 @@ import argparse
 import functools
 import json
 import random
-import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+from cache_runs import MiB, grow_and_decode
 
-from fpa.cache import H2O, FoXEviction, FPACache, FPAEviction, Policy, SlidingWindow, prefill
+from fpa.cache import H2O, FoXEviction, FPAEviction, Policy, SlidingWindow
 from fpa.data.atomic import atomic_write_bytes, atomic_write_figure
 from fpa.data.sources import stdlib_files
 from fpa.models import FPAForCausalLM
-
-MiB = 2**20
 
 
 def text_tokens(n: int, seed: int = 0) -> torch.Tensor:
@@ -67,47 +66,6 @@ def configs(args) -> dict[str, tuple[str, Callable[[], Policy | None]]]:
     if args.fox_model:
         out[f"fox(tau={args.fox_tau:g})"] = ("fox", lambda: FoXEviction(args.fox_tau))
     return out
-
-
-@torch.no_grad()
-def run_config(model, policy, tokens: torch.Tensor, lengths: list[int], args, name: str) -> list[dict]:
-    """Grow one cache through ``lengths``; one row per length."""
-    cache, seen = FPACache(policy), 0
-    rows: list[dict[str, Any]] = []
-    for L in lengths:
-        cache.peak_bytes = 0
-        t0 = time.perf_counter()
-        if L > seen:
-            prefill(model, tokens[:, seen:L], cache, args.chunk)
-        prefill_s = time.perf_counter() - t0
-        peak = cache.peak_bytes
-        step_s = []
-        for i in range(args.window):
-            tok = tokens[:, L + i : L + i + 1]
-            t1 = time.perf_counter()
-            model(tok, past_key_values=cache, use_cache=True)
-            step_s.append(time.perf_counter() - t1)
-        seen = L + args.window
-        ms = 1e3 * statistics.median(step_s)
-        rows.append(
-            dict(
-                config=name,
-                length=L,
-                ms_per_token=ms,
-                tokens_per_s=1e3 / ms,
-                bytes_held=cache.bytes_held(),
-                bytes_live=cache.bytes_live(),
-                peak_bytes=peak,
-                kept_fraction=cache.kept_fraction(),
-                prefill_s=prefill_s,
-            )
-        )
-        print(
-            f"{name:>16} L={L:>6}: {ms:7.2f} ms/token, held {rows[-1]['bytes_held'] / MiB:8.2f} MiB, "
-            f"kept {rows[-1]['kept_fraction']:.3f}, prefill {prefill_s:6.1f} s",
-            flush=True,
-        )
-    return rows
 
 
 def growth_exponent(rows: list[dict]) -> float:
@@ -265,7 +223,7 @@ def main(argv=None) -> None:
     )
     for name, (key, make) in todo.items():
         t0 = time.perf_counter()
-        rows = run_config(models[key], make(), tokens, args.lengths, args, name)
+        rows = grow_and_decode(models[key], make(), tokens, args.lengths, args.chunk, args.window, name)
         data["rows"] = [r for r in data["rows"] if r["config"] != name] + rows
         data.setdefault("wall_by_config", {})[name] = time.perf_counter() - t0
         data["wall_s"] = sum(data["wall_by_config"].values())

@@ -2,6 +2,7 @@
 
     python benchmarks/gpu_check.py                      # one GPU (H200: ~5 min); writes benchmarks/results/gpu-h200.md
     python benchmarks/gpu_check.py --model DIR          # also: tiles skipped on a trained model's fields
+    python benchmarks/gpu_check.py --compare --seq-lens 2048 8192  # (b) also flex and fla rows, two lengths
     python benchmarks/gpu_check.py --dry-run --out X.md # CPU, tiny shapes, triton interpreted (the tests run this)
 
 (a) Correctness of the triton and flex backends, forward and every gradient, against the dense
@@ -12,6 +13,8 @@
     only backends whose check passed on this GPU with these torch/triton versions and sources.
 (b) Forward + backward time, bf16, H=16, D=128, B*T = 32768: FPA through the triton kernel (tile
     skipping off and on), FoX through the same kernel (its field), SDPA flash; T = 1k..32k.
+    --compare adds FPA through flex and FoX through flash-linear-attention (when it imports; the
+    flex rows compile once per T, so give them --budget-s or fewer --seq-lens).
     Tile skipping: the fraction of off-diagonal tile pairs skipped on these fields, and with
     --model on a trained model's fields (each FPA layer, on random token ids).
 (c) Training throughput of the tiny preset (batch 8 x 1024, bf16 autocast) per attention type.
@@ -33,12 +36,12 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from gpu_timing import FLA_ROW, SKIP_TOL, methods, skip_fraction, time_ms, timing_inputs
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "gpu-h200.md"
 NAMES = ("q", "k", "v", "field", "level", "beta")
 TOLS = {torch.float32: (2e-5, 2e-4), torch.bfloat16: (2e-2, 5e-2)}  # (rms, max) forward; gradients 4x / 20x
-SKIP_TOL = 1e-3
 FLEX_CASES = (0, 5, 6)  # indices of the GPU correctness cases also run through flex
 
 
@@ -154,94 +157,27 @@ def correctness(device: str, dry: bool, clock: Clock) -> tuple[list[str], dict[s
 # ---------------------------------------------------------------- (b) speed and tile skipping
 
 
-def _timing_inputs(T: int, device: str, H: int, D: int, tokens: int) -> dict:
-    g = torch.Generator(device=device).manual_seed(T)
-    B = max(1, tokens // T)
-    r = lambda *s: torch.randn(*s, generator=g, device=device)  # noqa: E731
-    q, k = (F.normalize(r(B, H, T, D), dim=-1) * D**0.5 for _ in range(2))  # QK-norm-like: bounded logits
-    walk = torch.cumsum(0.5 * r(B, H, T), -1)  # an FPA walk (field = level)
-    cum = torch.cumsum(F.logsigmoid(r(B, H, T) + 3.0), -1)  # FoX's field
-    x = dict(q=q.bfloat16(), k=k.bfloat16(), v=r(B, H, T, D).bfloat16(), walk=walk, cum=cum)
-    for t in x.values():
-        t.requires_grad_(True)
-    x["dout"] = r(B, H, T, D).bfloat16()
-    return x
-
-
-def _methods(H: int, D: int) -> dict:
-    from fpa.ops.fpa.triton import fpa_triton
-
-    def via_triton(fieldname: str, skip):
-        def fn(x):
-            f = x[fieldname]
-            beta = torch.ones(H, device=f.device)
-            return fpa_triton(x["q"], x["k"], x["v"], f, f, f[..., :0], beta, D**-0.5, skip_tolerance=skip)
-
-        return fn
-
-    def sdpa(x):
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        backend = SDPBackend.FLASH_ATTENTION if x["q"].is_cuda else SDPBackend.MATH
-        with sdpa_kernel(backend):
-            return F.scaled_dot_product_attention(x["q"], x["k"], x["v"], is_causal=True)
-
-    return {
-        "FPA triton": via_triton("walk", None),
-        f"FPA triton, skip {SKIP_TOL:g}": via_triton("walk", SKIP_TOL),
-        "FoX via triton": via_triton("cum", None),
-        f"FoX via triton, skip {SKIP_TOL:g}": via_triton("cum", SKIP_TOL),
-        "SDPA flash": sdpa,
-    }
-
-
-def _time_ms(fn, x, reps: int) -> float:
-    leaves = [t for n, t in x.items() if n != "dout"]
-
-    def once():
-        torch.autograd.grad(fn(x), leaves, x["dout"], allow_unused=True)
-
-    once()  # warm-up, compiles
-    times = []
-    for _ in range(reps):
-        if x["q"].is_cuda:
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        once()
-        if x["q"].is_cuda:
-            torch.cuda.synchronize()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
-
-
-def _skip_fraction(q, k, v, field, level, beta, scale) -> float:
-    """Fraction of the off-diagonal (query tile, key tile) pairs the forward skips at SKIP_TOL."""
-    from fpa.ops.fpa.triton import skipped_tiles
-
-    with torch.no_grad():
-        _, n = skipped_tiles(q, k, v, field, level, field[..., :0], beta, scale, SKIP_TOL)
-    nq = n.shape[-1]
-    return float(n.sum()) / (n.shape[0] * n.shape[1] * nq * (nq - 1) / 2) if nq > 1 else 0.0
-
-
-def speed(device: str, dry: bool, clock: Clock, reps: int) -> list[str]:
+def speed(device: str, dry: bool, clock: Clock, reps: int, seq_lens: list[int] | None, compare: bool) -> list[str]:
     H, D, tokens = (2, 16, 32) if dry else (16, 128, 32768)
-    seq_lens = [32] if dry else [1024, 2048, 4096, 8192, 16384, 32768]
-    fns = _methods(H, D)
+    seq_lens = seq_lens or ([32] if dry else [1024, 2048, 4096, 8192, 16384, 32768])
+    fns = methods(H, D, compare)
     rows: dict[tuple[str, int], float | str] = {}
     skips: dict[tuple[str, int], float] = {}
     for T in seq_lens:
-        x = _timing_inputs(T, device, H, D, tokens)
+        x = timing_inputs(T, device, H, D, tokens)
         beta = torch.ones(H, device=device)
         for name, key in (("FPA walk", "walk"), ("FoX", "cum")):
             fld = x[key].detach()
-            skips[(name, T)] = _skip_fraction(x["q"], x["k"], x["v"], fld, fld, beta, D**-0.5)
+            skips[(name, T)] = skip_fraction(x["q"], x["k"], x["v"], fld, fld, beta, D**-0.5)
         for name, fn in fns.items():
+            if fn is None:
+                rows[(name, T)] = "not installed"
+                continue
             if clock.left() < 90:
                 rows[(name, T)] = "not run (time budget)"
                 continue
             try:
-                rows[(name, T)] = _time_ms(fn, x, reps)
+                rows[(name, T)] = time_ms(fn, x, reps)
             except Exception as e:  # noqa: BLE001 - reported in the table
                 rows[(name, T)] = "OOM" if "out of memory" in str(e).lower() else f"failed: {type(e).__name__}"
                 print(f"{name} T={T}: {e!r}", file=sys.stderr)
@@ -268,6 +204,12 @@ def speed(device: str, dry: bool, clock: Clock, reps: int) -> list[str]:
             ratio = f" ({t / f:.2f}x)" if isinstance(t, float) and isinstance(f, float) else ""
             cells.append(f"{t:.2f}{ratio}" if isinstance(t, float) else str(t))
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    if compare:
+        lines += [
+            "",
+            f"FPA flex: the flex backend on the FPA walk (compiled once per T). {FLA_ROW}: FoX in "
+            "flash-linear-attention (`pip install flash-linear-attention`) on the same forget gates.",
+        ]
     lines += [
         "",
         f"Off-diagonal tile pairs skipped at skip_tolerance={SKIP_TOL:g}: "
@@ -303,7 +245,7 @@ def model_skips(model_dir: str, device: str, clock: Clock, T: int) -> list[str]:
         model(input_ids=ids)
     for h in hooks:
         h.remove()
-    fr = [_skip_fraction(*c) for c in captured]
+    fr = [skip_fraction(*c) for c in captured]
     return [
         f"Trained model `{model_dir}` ({model.config.fpa_mode} mode), random ids, T={T}: off-diagonal tile "
         f"pairs skipped at skip_tolerance={SKIP_TOL:g} per FPA layer: " + ", ".join(f"{f:.1%}" for f in fr),
@@ -373,7 +315,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None, help=f"default {DEFAULT_OUT} (dry run: gpu-dry-run.md beside it)")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--budget-s", type=float, default=420.0)
+    ap.add_argument("--seq-lens", type=int, nargs="+", default=None, help="timed lengths (default 1k..32k)")
+    ap.add_argument(
+        "--compare", action="store_true", help="(b) also times FPA through flex and FoX through flash-linear-attention"
+    )
     args = ap.parse_args(argv)
+    if args.compare and args.dry_run:
+        ap.error("--compare times GPU kernels (flex has no backward on CPU): not with --dry-run")
     if args.dry_run and os.environ.get("TRITON_INTERPRET") != "1":
         # triton reads TRITON_INTERPRET at import: run again in a fresh process with it set
         env = dict(
@@ -413,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{', '.join(b for b, v in verdict.items() if v) or 'neither (chunked)'}."
         )
         lines.append("")
-    lines += speed(device, args.dry_run, clock, 1 if args.dry_run else args.reps)
+    lines += speed(device, args.dry_run, clock, 1 if args.dry_run else args.reps, args.seq_lens, args.compare)
     if args.model:
         try:
             lines += model_skips(args.model, device, clock, 256 if args.dry_run else 4096)

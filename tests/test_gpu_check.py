@@ -1,14 +1,17 @@
 """benchmarks/gpu_check.py --dry-run runs end to end on CPU (tiny shapes, triton in its interpreter),
-including the tile-skip figure of a saved model, and reports every section."""
+including the tile-skip figure of a saved model, and reports every section; without CUDA and
+without --dry-run it refuses clearly."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import pathlib
 import subprocess
 import sys
 
 import pytest
+import torch
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -55,3 +58,20 @@ def test_gpu_check_dry_run(tmp_path):
         assert part in text, f"missing {part!r} in:\n{text}"
     assert "FAIL" not in text and "failed" not in text
     assert not record.exists(), "a dry run must not record a GPU verdict"
+
+
+def test_gpu_check_needs_cuda_or_dry_run(monkeypatch, capsys):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # where the script finds gpu_timing
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "benchmarks" / "gpu_check.py")
+    assert spec is not None and spec.loader is not None
+    check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert check.main([]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        check.main(["--compare", "--dry-run"])
+    rows = list(check.methods(2, 16, compare=True))
+    assert {"FPA flex", check.FLA_ROW} <= set(rows)
+    # the default rows, in their order, are the rows --compare keeps
+    assert [r for r in rows if r not in ("FPA flex", check.FLA_ROW)] == list(check.methods(2, 16))

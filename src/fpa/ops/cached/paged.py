@@ -323,7 +323,7 @@ def cached_attention(
     return o.to(q.dtype), past_weights(store, q, scale, past_bias, M, L, full=weights == "full"), w_new
 
 
-def dense_weights(store: PagedStore, w_past: Tensor, w_new: Tensor) -> Tensor:
+def weights_in_dense_order(store: PagedStore, w_past: Tensor, w_new: Tensor) -> Tensor:
     """(B, Hq, T, C + T): the weights of the cached slots in the dense order of ``store[...]``
     (as it was before the append) followed by the T new keys; w_past (N, P, G, T), w_new
     (B, Hq, T, T)."""

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from fpa.ops.cached.paged import PastBias, cached_attention, dense_weights
+from fpa.ops.cached.paged import PastBias, cached_attention, weights_in_dense_order
 from fpa.ops.cached.storage import _PAD, Q_HEAD_FIELDS, PagedStore
 from fpa.ops.field import past_min_from_field
 
@@ -148,7 +148,7 @@ class LayerState:
         o, w_past, w_new = cached_attention(store, q, k, v, q.shape[-1] ** -0.5, past_bias, new_bias, mode)
         w, sums, new_w = None, None, None
         if isinstance(w_past, Tensor):  # "full": (N, P, G, T)
-            w = None if w_new is None else dense_weights(store, w_past, w_new)
+            w = None if w_new is None else weights_in_dense_order(store, w_past, w_new)
             if self.need_weights:
                 sums = (w_past[..., -1].mean(-1), w_past.sum((2, 3)))
         elif w_past is not None:  # "record": (last, score)
