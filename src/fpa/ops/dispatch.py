@@ -129,7 +129,8 @@ def first_passage_attention(
     Args:
         q: (B, Hq, Tq, D), the queries at the LAST Tq of the Tk positions (Tq <= Tk), so one call
             serves a whole sequence, a chunk of a prefill, or a decoding step.
-        k, v: (B, Hkv, Tk, D) and (B, Hkv, Tk, Dv), Hq % Hkv == 0 (grouped-query attention).
+        k: (B, Hkv, Tk, D), Hq % Hkv == 0 (grouped-query attention).
+        v: (B, Hkv, Tk, Dv).
         field: (B, Hq, Tk), one scalar per position. With past_min, (B, Hq, Tq): the field at the
             query positions only.
         level: (B, Hq, Tk), one scalar per key.
@@ -163,8 +164,9 @@ def first_passage_attention(
         of that shape, and backward gives every input requiring grad a zero gradient.
 
     Raises:
-        TypeError for wrong types/dtypes, ValueError for wrong shapes, devices or values; each
-        message names the argument, what was expected and what came. All before any work.
+        TypeError: Wrong types or dtypes.
+        ValueError: Wrong shapes, devices or values. Each message names the argument, what was
+            expected and what came; every check runs before any work.
 
     Gradient conventions (every backend): at dip exactly 0 (level[j] equal to the field's
     minimum over (j, i]) the penalty max(0, .) has gradient 0, like torch.relu: such a key sends
