@@ -270,7 +270,8 @@ class FPAConfig(PretrainedConfig):
         self.fpa_walk_increment, self.fpa_walk_bias_init = param["fpa_walk_increment"], param["fpa_walk_bias_init"]
         self.fpa_beta_activation = param["fpa_beta_activation"]
         self.rms_norm_eps, self.initializer_range = rms_norm_eps, initializer_range
-        super().__init__(tie_word_embeddings=tie_word_embeddings, **kwargs)
+        # transformers takes tie_word_embeddings through **kwargs; its __init__ signature does not list it
+        super().__init__(tie_word_embeddings=tie_word_embeddings, **kwargs)  # type: ignore[call-arg]
 
     @classmethod
     def from_dict(cls, config_dict: dict, **kwargs):

@@ -73,7 +73,8 @@ def to_llama(model):
 
         model = FPAForCausalLM.from_pretrained(model)
     cfg = llama_config(model.config)
-    llama = LlamaForCausalLM(cfg).to(device=model.device, dtype=model.dtype)
+    # transformers wraps Module.to with functools.wraps; the stub then wants self as the first argument
+    llama = LlamaForCausalLM(cfg).to(device=model.device, dtype=model.dtype)  # type: ignore[call-arg]
     mapping = _state_dict_map(cfg.num_hidden_layers)
     src = model.state_dict()
     dst = llama.state_dict()

@@ -175,7 +175,8 @@ class FPATritonFunction(torch.autograd.Function):
         """dout (B, Hq, Tq, Dv) -> the gradients of q, k, v, field, level, past_min and beta (None for
         scale, block and skip_tolerance)."""
         q, k, v, field, level, past_min, beta, out, lse = ctx.saved_tensors
-        L = _Launch(q, k, v, field, level, past_min, beta, *ctx.args, with_src=True)
+        scale, block, skip_tolerance = ctx.args
+        L = _Launch(q, k, v, field, level, past_min, beta, scale, block, skip_tolerance, with_src=True)
         dq, dk, dv, dfield, dpast, dlevel, dbeta = _backward(L, out, lse, dout)
         cast = lambda g, x: g.reshape(x.shape).to(x.dtype)  # noqa: E731
         grads = (
