@@ -7,7 +7,7 @@ kept fraction are read after the window. The prefill's time is not reported. The
 benchmarks/cache_runs.py's, shared with benchmarks/bench_long_context.py.
 
 The model: ``--model DIR`` loads a trained FPA checkpoint. Without it, the tiny preset
-(FPAConfig.from_preset("tiny", attention="fpa", fpa_mode="free")) at random init, beta = ``--beta``,
+(FPAConfig.from_preset("tiny", attention="fpa", fpa={"mode": "free"})) at random init, beta = ``--beta``,
 with every head's field and level rescaled to mean 0 and std ``--field-std`` on a random probe (at the
 default init, weights std 0.02, a random model barely forgets, and heads whose level sits below
 their field keep everything; the calibration makes every head's field move).
@@ -60,7 +60,7 @@ def build_model(args) -> tuple[FPAForCausalLM, str]:
         m = FPAForCausalLM.from_pretrained(args.model).eval()
         return m, f"checkpoint `{args.model}`"
     torch.manual_seed(args.seed)
-    m = FPAForCausalLM(FPAConfig.from_preset("tiny", attention="fpa", fpa_mode="free")).eval()
+    m = FPAForCausalLM(FPAConfig.from_preset("tiny", attention="fpa", fpa={"mode": "free"})).eval()
     with torch.no_grad():
         for block in m.model.layers:
             block.attn.set_beta_(args.beta)

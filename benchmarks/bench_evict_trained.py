@@ -3,15 +3,17 @@ and kept fraction when the prompt is prefilled in chunks (the rule runs after ea
 token by token (the rule runs after every token, exactly as in training) and in chunks under
 ``FPAEviction(T, within_chunks=True)`` (the rule inside each chunk: the same as token by token).
 
-``fpa train --evict-tau T`` masks key j out of query i once beta * dip(i - 1, j) > T for every
+``fpa train --evict-threshold T`` masks key j out of query i once beta * dip(i - 1, j) > T for every
 head of its KV group (fpa.layers.fpa_form.evicting_bias): what FPACache(FPAEviction(T)) does when
 decoding token by token. A prefill chunk of C tokens evicts nothing inside the chunk, so its
 queries see keys the model never saw in training. This script measures that mismatch on the
-models of ``fpa reproduce`` (the ``-evict2`` variants of the ``cpu`` preset by default).
+models of ``fpa reproduce`` (by default the rule-trained variants of ``--preset cpu-ablations``,
+seed 10; ``fpa reproduce`` itself serves such models under the rule within chunks). The "full"
+row turns the rule off (``set_training_eviction(None)``) and keeps every key.
 
-    OMP_NUM_THREADS=1 python benchmarks/bench_evict_trained.py --run-dir results/reproduce-cpu
-    # writes benchmarks/results/evict-trained-cpu.{json,md} (the committed file was written in two
-    # runs, merged: the -late models with --chunks 0,128,128w,1, the others with 0,128,128w)
+    OMP_NUM_THREADS=1 python benchmarks/bench_evict_trained.py --run-dir results/reproduce-cpu-ablations
+    # writes benchmarks/results/evict-trained-cpu.{json,md} (the committed file is from an earlier
+    # run of models named -evict2, at commit-time names; rerun to regenerate it)
 """
 
 from __future__ import annotations
@@ -27,16 +29,14 @@ from fpa.cache import FPACache, FPAEviction
 from fpa.data.atomic import atomic_write_bytes
 from fpa.eval.passkey import passkey_grid
 from fpa.experiments.stage_fns import load_model
+from fpa.train.model_setup import set_training_eviction
 
-DEFAULT_MODELS = (
-    "fpa-walk-evict2-s0,fpa-walk-offset-evict2-s0,fpa-walk-tokenoffset-evict2-s0,"
-    "fpa-walk-evict2-late-s0,fpa-walk-offset-evict2-late-s0"
-)
+DEFAULT_MODELS = "fpa-walk-rule-offsethead1-threshold2-s10,fpa-walk-rule-offsethead1-threshold2-from750-s10"
 
 
 def evaluate(
     model_dir: Path,
-    tau: float,
+    threshold: float,
     lengths: list[int],
     depths: list[float],
     trials: int,
@@ -45,13 +45,14 @@ def evaluate(
     """One passkey grid per (prefill chunk size, rule within chunks?) (None: the full cache, no
     eviction, chunks of the largest size given)."""
     model, tok = load_model(model_dir, "cpu")
+    set_training_eviction(model, None)  # the full row keeps every key; a cache's own policy decides the others
     rows = []
     for chunk, within in chunks:
         make = None
         if chunk is not None:
 
             def make(length: int, within=within):
-                policy = FPAEviction(tau, within_chunks=within)
+                policy = FPAEviction(threshold, within_chunks=within)
                 return FPACache(policy), policy
 
         t0 = time.perf_counter()
@@ -66,7 +67,7 @@ def evaluate(
             chunk_size=chunk or max(c for c, _ in chunks if c),
             desc=f"{model_dir.parent.name} chunk {chunk}",
         )
-        cache = "full" if chunk is None else f"FPAEviction({tau:g}{', within_chunks=True' if within else ''})"
+        cache = "full" if chunk is None else f"FPAEviction({threshold:g}{', within_chunks=True' if within else ''})"
         rows.append(
             dict(
                 cache=cache,
@@ -93,8 +94,8 @@ def markdown(data: dict) -> str:
     out = [
         "# Trained under the eviction rule, served under it: chunked against token-by-token prefill (CPU)",
         "",
-        f"Models: `{a['run_dir']}/models/<name>/model` (`fpa reproduce --preset cpu`, trained with "
-        f"`--evict-tau {a['tau']:g}`: the `-late` ones from step 750 of 1500, the others from step 0). "
+        f"Models: `{a['run_dir']}/models/<name>/model` (`fpa reproduce`, trained with "
+        f"`--evict-threshold {a['threshold']:g}`: the `from750` ones from step 750, the others from step 0). "
         f"Passkey exact match, {a['trials']} prompts x "
         f"{len(a['depths'])} depths per length (seed 0, the prompts of the reproduction's grid). 'chunk 1' "
         "prefills token by token, so the cache applies the rule after every token, as in training; "
@@ -127,9 +128,9 @@ def markdown(data: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--run-dir", default="results/reproduce-cpu", help="an fpa reproduce output folder")
+    p.add_argument("--run-dir", default="results/reproduce-cpu-ablations", help="an fpa reproduce output folder")
     p.add_argument("--models", default=DEFAULT_MODELS, help="comma list of run names (models/<name>/model)")
-    p.add_argument("--tau", type=float, default=2.0, help="the threshold the models were trained under")
+    p.add_argument("--threshold", type=float, default=2.0, help="the threshold the models were trained under")
     p.add_argument("--lengths", default="128,256,512,1024,2048")
     p.add_argument("--trials", type=int, default=10)
     p.add_argument(
@@ -139,8 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--out", default="benchmarks/results/evict-trained-cpu")
     args = p.parse_args(argv)
-    if args.tau < 0 or args.trials < 1:
-        raise SystemExit(f"--tau must be >= 0 and --trials >= 1, got {args.tau}, {args.trials}")
+    if args.threshold < 0 or args.trials < 1:
+        raise SystemExit(f"--threshold must be >= 0 and --trials >= 1, got {args.threshold}, {args.trials}")
     lengths = [int(x) for x in args.lengths.split(",")]
     chunks = [(int(x.rstrip("w")) or None, x.endswith("w")) for x in args.chunks.split(",")]
     depths = [0.0, 0.25, 0.5, 0.75, 1.0]
@@ -151,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     models = {
-        n: evaluate(Path(args.run_dir) / "models" / n / "model", args.tau, lengths, depths, args.trials, chunks)
+        n: evaluate(Path(args.run_dir) / "models" / n / "model", args.threshold, lengths, depths, args.trials, chunks)
         for n in names
     }
     data = dict(args=dict(vars(args), lengths=lengths, depths=depths), models=models, seconds=time.perf_counter() - t0)

@@ -14,6 +14,12 @@ model's embedding, input-id check and loss stay eager. Compilation happens in th
 (its time is reported separately); the timed steps run with error_on_recompile, so a
 recompilation across steps would stop the benchmark. ``--no-compile`` skips the compiled columns.
 ``--train-steps N`` adds an end-to-end run through ``fpa.train.train`` per type (real data).
+
+First section: FPA walk trained under its own eviction rule (``set_training_eviction``, what
+``fpa train --evict-threshold`` does) against the plain walk at the reproduction's shape, the fast
+path and the dense reference interleaved with it (``rule_benchmark``; target: <= 1.5x the plain
+step). ``--rule-only`` runs that section alone and replaces it in an existing table file, keeping
+the rest; ``--no-rule`` skips it.
 """
 
 from __future__ import annotations
@@ -34,8 +40,8 @@ METHODS = [
     ("softmax_alibi", {}),
     ("softmax_nope", {}),
     ("fox", {}),
-    ("fpa", {"fpa_mode": "free"}),
-    ("fpa", {"fpa_mode": "walk"}),
+    ("fpa", {"fpa": {"mode": "free"}}),
+    ("fpa", {"fpa": {"mode": "walk"}}),
 ]
 
 
@@ -52,10 +58,12 @@ SHAPES: dict[str, Shape] = {
     "repro 32x128": Shape(batch=32, seq_len=128, overrides=dict(num_hidden_layers=2, vocab_size=257)),
 }
 TARGET = 1.15  # FPA walk / free step time <= 1.15x FoX's
+RULE_TARGET = 1.5  # FPA walk trained under its eviction rule: step time <= 1.5x the plain walk's
+RULE_THRESHOLD = 2.0
 
 
 def label(att: str, kw: dict) -> str:
-    return f"fpa-{kw['fpa_mode']}" if att == "fpa" else att
+    return f"fpa-{kw['fpa']['mode']}" if att == "fpa" else att
 
 
 def make_step(model: torch.nn.Module):
@@ -141,6 +149,71 @@ def step_benchmark(name: str, batch: int, seq_len: int, overrides: dict, reps: i
     return lines + [""]
 
 
+def rule_benchmark(reps: int) -> list[str]:
+    """FPA walk trained under FPAEviction(RULE_THRESHOLD) within chunks (set_training_eviction)
+    against the plain walk, at the reproduction recipe's shape (2 layers, width 128, byte vocab,
+    batch 32 x 128), eager: the fast path (fpa.ops.fpa.evicting, the chunked op with evicted keys
+    hidden) and the dense reference it replaced (fpa_form.evicting_bias + softmax), interleaved."""
+    import fpa.layers.first_passage as first_passage
+    from fpa.layers.fpa_form import evicting_attention
+    from fpa.train.model_setup import set_training_eviction
+
+    walk = next(kw for att, kw in METHODS if label(att, kw) == "fpa-walk")
+    overrides = dict(num_hidden_layers=2, vocab_size=257)
+
+    def dense(q, k, v, field, level, beta, threshold, scale, need_weights=False):
+        out, w = evicting_attention(q, k, v, field, level, beta, threshold, scale, need_weights=True)
+        return out, (w if need_weights else None)
+
+    steps = {}
+    for name in ("plain", "rule (fast path)", "rule (dense reference)"):
+        torch.manual_seed(0)
+        m = FPAForCausalLM(FPAConfig.from_preset("tiny", attention="fpa", **walk, **overrides))
+        if name != "plain":
+            set_training_eviction(m, RULE_THRESHOLD)
+        steps[name] = make_step(m)
+    ids = torch.randint(0, 257, (32, 128))
+    real = first_passage.evicting_attention
+    load0 = "/".join(f"{x:.2f}" for x in os.getloadavg())
+    times: dict[str, list[float]] = {k: [] for k in steps}
+    try:
+        for rep in range(reps + 1):  # the first repetition warms up and is dropped
+            for name, step in steps.items():
+                first_passage.evicting_attention = dense if name == "rule (dense reference)" else real  # type: ignore[assignment]
+                t = step(ids)
+                if rep:
+                    times[name].append(t)
+    finally:
+        first_passage.evicting_attention = real  # type: ignore[assignment]
+    lines = [
+        f"## FPA walk trained under its eviction rule: batch 32 x 128, {overrides}, eager",
+        "",
+        f"`set_training_eviction({RULE_THRESHOLD:g})` (FPAEviction({RULE_THRESHOLD:g}, within_chunks=True) in "
+        f"the training loop) against the plain walk; median of {reps} steps after a warm-up step [min, max]; "
+        f"ratio = median of per-repetition ratios to the plain walk. torch threads={torch.get_num_threads()}; "
+        f"load average (1/5/15 min) at the start: {load0}. `python benchmarks/bench_train_throughput.py "
+        "--rule-only` reruns this section alone.",
+        "",
+        "| FPA walk | step ms | tokens/s | / plain |",
+        "|---|---:|---:|---:|",
+    ]
+    for name, t in times.items():
+        r = [a / b for a, b in zip(t, times["plain"])]
+        med = statistics.median(t)
+        lines.append(
+            f"| {name} | {med * 1e3:.1f} [{min(t) * 1e3:.0f}, {max(t) * 1e3:.0f}] | {32 * 128 / med:,.0f} | "
+            f"{statistics.median(r):.2f} [{min(r):.2f}, {max(r):.2f}] |"
+        )
+    ratio = statistics.median([a / b for a, b in zip(times["rule (fast path)"], times["plain"])])
+    lines += [
+        "",
+        f"- FPA walk under its rule, step <= {RULE_TARGET}x the plain walk's: "
+        f"**{'MET' if ratio <= RULE_TARGET else 'MISSED'}** ({ratio:.2f}x)",
+        "",
+    ]
+    return lines
+
+
 def train_benchmark(batch: int, seq_len: int, steps: int, workdir: str) -> list[str]:
     from fpa.data import prepare_corpus
     from fpa.train import TrainConfig, train
@@ -163,7 +236,7 @@ def train_benchmark(batch: int, seq_len: int, steps: int, workdir: str) -> list[
             data_dir=str(data),
             preset="tiny",
             attention=att,
-            fpa_mode=kw.get("fpa_mode", "free"),
+            fpa_mode=kw["fpa"]["mode"] if att == "fpa" else "walk",
             seq_len=seq_len,
             batch_size=batch,
             steps=steps,
@@ -184,6 +257,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--no-rule", action="store_true", help="skip the training-under-the-eviction-rule section")
+    ap.add_argument(
+        "--rule-only",
+        action="store_true",
+        help="only the training-under-the-eviction-rule section, spliced into an existing --out file",
+    )
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--train-steps", type=int, default=0, help="steps per type through fpa.train.train (0 skips)")
     ap.add_argument(
@@ -195,7 +274,10 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     load0 = "/".join(f"{x:.2f}" for x in os.getloadavg())
     body: list[str] = []
-    for name in args.shapes:
+    if not args.no_rule:
+        body += rule_benchmark(max(args.reps, 9))
+        print("\n".join(body), flush=True)
+    for name in [] if args.rule_only else args.shapes:
         body += step_benchmark(name, **SHAPES[name], reps=args.reps, compiled=not args.no_compile)
         print("\n".join(body), flush=True)
     if args.train_steps > 0:
@@ -212,10 +294,28 @@ def main() -> None:
         "",
     ]
     text = "\n".join(head + body)
+    if args.rule_only and os.path.isfile(args.out):
+        text = splice_section("\n".join(body), open(args.out).read())
     print(text)
     from fpa.data.atomic import atomic_write_text
 
     atomic_write_text(args.out, text)
+
+
+def splice_section(section: str, text: str) -> str:
+    """``text`` (an earlier table file) with its training-under-the-rule section replaced by
+    ``section`` (inserted before the first section if it had none): ``--rule-only`` keeps the rest."""
+    title = "## FPA walk trained under its eviction rule"
+    lines = text.split("\n")
+    starts = [i for i, line in enumerate(lines) if line.startswith("## ")]
+    mine = [i for i in starts if lines[i].startswith(title)]
+    if mine:
+        end = next((i for i in starts if i > mine[0]), len(lines))
+        lines[mine[0] : end] = section.rstrip("\n").split("\n") + [""]
+    else:
+        at = starts[0] if starts else len(lines)
+        lines[at:at] = section.rstrip("\n").split("\n") + [""]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

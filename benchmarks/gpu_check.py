@@ -1,9 +1,11 @@
 """The one prepared GPU check: correctness, speed and a training line, one command.
 
-    python benchmarks/gpu_check.py                      # one GPU (H200: ~5 min); writes benchmarks/results/gpu-h200.md
+    python benchmarks/gpu_check.py --quick              # one GPU, <= 8 min: (a) and a short (b); gpu-<device>.md/.json
+    python benchmarks/gpu_check.py                      # one GPU (H200: ~5 min); results/gpu-<device>.md
     python benchmarks/gpu_check.py --model DIR          # also: tiles skipped on a trained model's fields
     python benchmarks/gpu_check.py --compare --seq-lens 2048 8192  # (b) also flex and fla rows, two lengths
     python benchmarks/gpu_check.py --dry-run --out X.md # CPU, tiny shapes, triton interpreted (the tests run this)
+    python benchmarks/gpu_check.py --quick --dry-run --out X.md  # the quick path on CPU (the tests run it too)
 
 (a) Correctness of the triton and flex backends, forward and every gradient, against the dense
     reference on the same device: odd T, GQA, Tq < Tk, a decoding step, T up to 4096; float32 and
@@ -19,6 +21,11 @@
     --model on a trained model's fields (each FPA layer, on random token ids).
 (c) Training throughput of the tiny preset (batch 8 x 1024, bf16 autocast) per attention type.
 
+--quick: (a) on four shapes (flex on two), then (b) at T = 1k, 4k, 16k without flex and fla, no
+(c): about 3-5 min on an H100 (budget 420 s, the same deadline rule). Times come from
+triton.testing.do_bench (median, CUDA events). Every run writes the .md and a .json beside it
+(device, versions, per-case errors and verdicts, times).
+
 Every section runs under a deadline (--budget-s, default 420 s) and reports what it skipped.
 Exit status 1 when a correctness check fails (the table is still written).
 """
@@ -26,8 +33,8 @@ Exit status 1 when a correctness check fails (the table is still written).
 from __future__ import annotations
 
 import argparse
+import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -36,21 +43,13 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from gpu_timing import FLA_ROW, SKIP_TOL, methods, skip_fraction, time_ms, timing_inputs
+from gpu_timing import FLA_ROW, SKIP_TOL, Clock, methods, model_skips, skip_fraction, time_ms, timing_inputs, training
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_OUT = ROOT / "benchmarks" / "results" / "gpu-h200.md"
+RESULTS = ROOT / "benchmarks" / "results"
 NAMES = ("q", "k", "v", "field", "level", "beta")
 TOLS = {torch.float32: (2e-5, 2e-4), torch.bfloat16: (2e-2, 5e-2)}  # (rms, max) forward; gradients 4x / 20x
 FLEX_CASES = (0, 5, 6)  # indices of the GPU correctness cases also run through flex
-
-
-class Clock:
-    def __init__(self, budget_s: float):
-        self.t0, self.budget = time.time(), budget_s
-
-    def left(self) -> float:
-        return self.budget - (time.time() - self.t0)
 
 
 # ---------------------------------------------------------------- (a) correctness
@@ -90,12 +89,27 @@ def _run_case(kind: str, backend: str, xs: dict, w: torch.Tensor, grads: bool) -
     return [o.detach(), *torch.autograd.grad((o.float() * w).sum(), leaves)]
 
 
-def correctness(device: str, dry: bool, clock: Clock) -> tuple[list[str], dict[str, bool]]:
-    """-> table lines, verdict per backend (True: every case passed)."""
+def device_slug(name: str) -> str:
+    """ "NVIDIA H100 80GB HBM3" -> "h100"; other names lower-cased with non-alphanumerics as dashes."""
+    import re
+
+    m = re.search(r"\b([AHBL]\d{2,3}[A-Z]?)\b", name)
+    return m.group(1).lower() if m else re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def correctness(device: str, dry: bool, clock: Clock, quick: bool, record: dict) -> tuple[list[str], dict[str, bool]]:
+    """-> table lines, verdict per backend (True: every case passed); the rows also go to record["correctness"]."""
     f32, b16 = torch.float32, torch.bfloat16
     if dry:
         cases = [("fpa", f32, 1, 2, 1, 9, 21, 16), ("fox", f32, 1, 2, 2, 17, 17, 16), ("fpa", b16, 1, 2, 1, 20, 20, 16)]
-    else:  # kind, dtype, B, Hq, Hkv, Tq, Tk, D
+    elif quick:  # kind, dtype, B, Hq, Hkv, Tq, Tk, D; flex on the first two
+        cases = [
+            ("fpa", f32, 2, 4, 2, 77, 150, 64),
+            ("fpa", b16, 2, 4, 2, 77, 150, 128),
+            ("fox", b16, 2, 4, 2, 300, 517, 128),
+            ("fpa", b16, 1, 4, 2, 2048, 2048, 64),
+        ]
+    else:
         cases = [
             ("fpa", f32, 2, 4, 2, 77, 150, 64),
             ("fpa", b16, 2, 4, 2, 77, 150, 128),
@@ -122,7 +136,7 @@ def correctness(device: str, dry: bool, clock: Clock) -> tuple[list[str], dict[s
         ref = _run_case(kind, "reference", xs, w, grads=True)
         names = ["out"] + list(xs)
         for backend in ("triton", "flex"):
-            if backend == "flex" and not dry and i not in FLEX_CASES:
+            if backend == "flex" and not dry and i not in ((0, 1) if quick else FLEX_CASES):
                 continue  # flex recompiles per shape (~0.5 min each): a subset keeps the check in budget
             shape = f"{B}, {Hq}, {Hkv}, {Tq}, {Tk}, {D}"
             row = f"| {backend} | {kind} | {str(dtype)[6:]} | {shape} |"
@@ -136,6 +150,7 @@ def correctness(device: str, dry: bool, clock: Clock) -> tuple[list[str], dict[s
                     got = _run_case(kind, backend, xs, w, grads)
             except Exception as e:  # noqa: BLE001 - a compile or launch error is a failed check
                 lines.append(f"{row} — | — | **FAIL**: {type(e).__name__}: {str(e)[:150]} |")
+                record["correctness"].append(dict(backend=backend, kind=kind, shape=shape, error=repr(e)[:300]))
                 verdict[backend] = False
                 traceback.print_exc()
                 continue
@@ -150,6 +165,9 @@ def correctness(device: str, dry: bool, clock: Clock) -> tuple[list[str], dict[s
             worst = max(errs[1:], key=lambda e: e[1] / (4 * rt) + e[2] / (20 * mt)) if len(errs) > 1 else None
             gcell = f"{worst[1]:.1e} / {worst[2]:.1e} (d{worst[0]})" if worst else "n/a (no flex backward on CPU)"
             lines.append(f"{row} {errs[0][1]:.1e} / {errs[0][2]:.1e} | {gcell} | {'pass' if ok else '**FAIL**'} |")
+            record["correctness"].append(
+                dict(backend=backend, kind=kind, dtype=str(dtype)[6:], shape=shape, errors=errs, passed=ok)
+            )
     lines += ["", "Verdict: " + ", ".join(f"{b} **{'PASS' if v else 'FAIL'}**" for b, v in verdict.items()), ""]
     return lines, verdict
 
@@ -157,9 +175,19 @@ def correctness(device: str, dry: bool, clock: Clock) -> tuple[list[str], dict[s
 # ---------------------------------------------------------------- (b) speed and tile skipping
 
 
-def speed(device: str, dry: bool, clock: Clock, reps: int, seq_lens: list[int] | None, compare: bool) -> list[str]:
+def speed(
+    device: str,
+    dry: bool,
+    clock: Clock,
+    reps: int,
+    seq_lens: list[int] | None,
+    compare: bool,
+    quick: bool,
+    record: dict,
+) -> list[str]:
     H, D, tokens = (2, 16, 32) if dry else (16, 128, 32768)
-    seq_lens = seq_lens or ([32] if dry else [1024, 2048, 4096, 8192, 16384, 32768])
+    full = [1024, 2048, 4096, 8192, 16384, 32768]
+    seq_lens = seq_lens or ([32] if dry else [1024, 4096, 16384] if quick else full)
     fns = methods(H, D, compare)
     rows: dict[tuple[str, int], float | str] = {}
     skips: dict[tuple[str, int], float] = {}
@@ -184,6 +212,7 @@ def speed(device: str, dry: bool, clock: Clock, reps: int, seq_lens: list[int] |
             if device == "cuda":
                 torch.cuda.empty_cache()
             print(f"T={T} {name}: {rows[(name, T)]}", flush=True)
+            record["speed_ms"].append(dict(method=name, T=T, ms=rows[(name, T)]))
         del x
     ref = "FoX via triton"
     lines = [
@@ -191,7 +220,8 @@ def speed(device: str, dry: bool, clock: Clock, reps: int, seq_lens: list[int] |
         "",
         f"H={H}, D={D}, batch = {tokens} // T; q, k L2-normalised x sqrt(D); FPA field = level = a walk "
         "(cumsum of 0.5 N(0,1) steps); FoX field = cumsum(logsigmoid(N(0,1) + 3)); beta = 1. Median of "
-        f"{reps} calls after a warm-up; (ratio to {ref}). Triton under its interpreter in a dry run: "
+        f"{'triton.testing.do_bench' if device == 'cuda' else f'{reps} calls'} after a warm-up; (ratio to {ref}). "
+        "Triton under its interpreter in a dry run: "
         "those times mean nothing.",
         "",
         "| method | " + " | ".join(f"T={T}" for T in seq_lens) + " |",
@@ -219,100 +249,14 @@ def speed(device: str, dry: bool, clock: Clock, reps: int, seq_lens: list[int] |
     return lines
 
 
-def model_skips(model_dir: str, device: str, clock: Clock, T: int) -> list[str]:
-    """Tiles skipped on a trained model's fields: each FPA layer's q, k, v, field, level on random ids."""
-    from fpa.layers.attention import FirstPassageAttention
-    from fpa.models import FPAForCausalLM
-
-    model = FPAForCausalLM.from_pretrained(model_dir).to(device).eval()  # type: ignore[arg-type]  # transformers' @wraps(Module.to) stub keeps self
-    captured = []
-
-    def hook(mod, args):
-        x = args[0]
-        q = mod._heads(mod.q_proj(x), mod.num_heads)
-        k = mod._heads(mod.k_proj(x), mod.num_kv_heads)
-        if mod.q_norm is not None:
-            q, k = mod.q_norm(q), mod.k_norm(k)
-        v = mod._heads(mod.v_proj(x), mod.num_kv_heads)
-        field, level = mod.field_level(x)
-        captured.append((q, k, v, field, level, mod.beta.float(), mod.scale))
-
-    hooks = [m.register_forward_pre_hook(hook) for m in model.modules() if isinstance(m, FirstPassageAttention)]
-    if not hooks:
-        return [f"Model {model_dir}: no FPA layers, no tile-skip figure.", ""]
-    ids = torch.randint(0, model.config.vocab_size, (1, T), device=device)
-    with torch.no_grad():
-        model(input_ids=ids)
-    for h in hooks:
-        h.remove()
-    fr = [skip_fraction(*c) for c in captured]
-    return [
-        f"Trained model `{model_dir}` ({model.config.fpa_mode} mode), random ids, T={T}: off-diagonal tile "
-        f"pairs skipped at skip_tolerance={SKIP_TOL:g} per FPA layer: " + ", ".join(f"{f:.1%}" for f in fr),
-        "",
-    ]
-
-
-# ---------------------------------------------------------------- (c) training throughput
-
-
-def training(device: str, dry: bool, clock: Clock, fpa_backend: str) -> list[str]:
-    from fpa.layers.attention import FirstPassageAttention
-    from fpa.models import FPAConfig, FPAForCausalLM
-    from fpa.train import parameter_groups
-
-    batch, T, steps = (2, 64, 2) if dry else (8, 1024, 10)
-    over = dict(num_hidden_layers=2) if dry else {}
-    lines = [
-        "## (c) Training throughput, tiny preset",
-        "",
-        f"batch {batch} x {T}, AdamW over fpa.train.parameter_groups, "
-        f"{'bf16 autocast, ' if device == 'cuda' else ''}median of {steps} steps after 2 warm-up steps; "
-        f"FPA layers on backend {fpa_backend!r}, FoX on its chunked backend.",
-        "",
-        "| attention | tokens/s | step ms |",
-        "|---|---:|---:|",
-    ]
-    for att, kw in (("softmax_rope", {}), ("fox", {}), ("fpa", {"fpa_mode": "walk"}), ("fpa", {"fpa_mode": "free"})):
-        name = f"fpa-{kw['fpa_mode']}" if kw else att
-        if clock.left() < 30:
-            lines.append(f"| {name} | not run (time budget) | |")
-            continue
-        torch.manual_seed(0)
-        model = FPAForCausalLM(FPAConfig.from_preset("tiny", attention=att, **kw, **over)).to(device)  # type: ignore[arg-type]  # transformers' @wraps(Module.to) stub keeps self
-        for m in model.modules():
-            if isinstance(m, FirstPassageAttention):
-                m.backend = fpa_backend
-        opt = torch.optim.AdamW(parameter_groups(model, 0.1), lr=1e-3)
-        ids = torch.randint(0, model.config.vocab_size, (batch, T), device=device)
-        times = []
-        try:
-            for i in range(steps + 2):
-                if device == "cuda":
-                    torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                with torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda"):
-                    loss = model(input_ids=ids, labels=ids).loss
-                loss.backward()
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-                if device == "cuda":
-                    torch.cuda.synchronize()
-                if i >= 2:
-                    times.append(time.perf_counter() - t0)
-            med = statistics.median(times)
-            lines.append(f"| {name} | {batch * T / med:,.0f} | {med * 1e3:.1f} |")
-        except Exception as e:  # noqa: BLE001 - reported in the table
-            lines.append(f"| {name} | failed: {type(e).__name__}: {str(e)[:100]} | |")
-            traceback.print_exc()
-    return lines + [""]
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes, triton in its interpreter")
+    ap.add_argument("--quick", action="store_true", help="(a) on fewer shapes and a short (b); no (c); <= 8 min")
     ap.add_argument("--model", help="a trained FPA model folder: report the tiles skipped on its fields")
-    ap.add_argument("--out", type=Path, default=None, help=f"default {DEFAULT_OUT} (dry run: gpu-dry-run.md beside it)")
+    ap.add_argument(
+        "--out", type=Path, default=None, help="default benchmarks/results/gpu-<device>.md (dry run: gpu-dry-run.md)"
+    )
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--budget-s", type=float, default=420.0)
     ap.add_argument("--seq-lens", type=int, nargs="+", default=None, help="timed lengths (default 1k..32k)")
@@ -334,9 +278,9 @@ def main(argv: list[str] | None = None) -> int:
         print("gpu_check.py needs a CUDA GPU (or --dry-run on CPU)", file=sys.stderr)
         return 2
     device = "cpu" if args.dry_run else "cuda"
-    out = args.out or (DEFAULT_OUT.with_name("gpu-dry-run.md") if args.dry_run else DEFAULT_OUT)
     clock = Clock(args.budget_s)
     dev_name = "CPU (dry run; triton in its interpreter)" if args.dry_run else torch.cuda.get_device_name()
+    out = args.out or RESULTS / ("gpu-dry-run.md" if args.dry_run else f"gpu-{device_slug(dev_name)}.md")
     try:
         import triton
 
@@ -345,14 +289,25 @@ def main(argv: list[str] | None = None) -> int:
         triton_version = "not installed"
     from fpa.ops import gpu_verified
 
+    flags = " ".join(f for f, on in (("--quick", args.quick), ("--dry-run", args.dry_run)) if on)
     head = [
         f"# GPU check: {dev_name}",
         "",
         f"torch {torch.__version__}, triton {triton_version}, fpa GPU sources {gpu_verified.source_hash()}. "
-        "Produced by `python benchmarks/gpu_check.py" + (" --dry-run`." if args.dry_run else "`."),
+        f"Produced by `python benchmarks/gpu_check.py{' ' + flags if flags else ''}`.",
         "",
     ]
-    lines, verdict = correctness(device, args.dry_run, clock)
+    record: dict = dict(
+        device=dev_name,
+        torch=torch.__version__,
+        triton=triton_version,
+        source=gpu_verified.source_hash(),
+        command=f"gpu_check.py {flags}".strip(),
+        correctness=[],
+        speed_ms=[],
+    )
+    lines, verdict = correctness(device, args.dry_run, clock, args.quick, record)
+    record["verdict"] = verdict
     print("\n".join(lines), flush=True)
     if not args.dry_run:
         path = gpu_verified.write_verdicts(torch.device("cuda"), verdict, "\n".join(lines))
@@ -361,20 +316,23 @@ def main(argv: list[str] | None = None) -> int:
             f"{', '.join(b for b, v in verdict.items() if v) or 'neither (chunked)'}."
         )
         lines.append("")
-    lines += speed(device, args.dry_run, clock, 1 if args.dry_run else args.reps, args.seq_lens, args.compare)
+    reps = 1 if args.dry_run else args.reps
+    lines += speed(device, args.dry_run, clock, reps, args.seq_lens, args.compare, args.quick, record)
     if args.model:
         try:
             lines += model_skips(args.model, device, clock, 256 if args.dry_run else 4096)
         except Exception as e:  # noqa: BLE001
             lines += [f"Model tile skipping failed: {type(e).__name__}: {e}", ""]
-    lines += training(
-        device, args.dry_run, clock, "chunked" if args.dry_run else ("triton" if verdict["triton"] else "chunked")
-    )
+    if not args.quick:
+        backend = "chunked" if args.dry_run else ("triton" if verdict["triton"] else "chunked")
+        lines += training(device, args.dry_run, clock, backend)
     lines.append(f"Total {time.time() - clock.t0:.0f} s.")
+    record["total_s"] = round(time.time() - clock.t0, 1)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(head + lines) + "\n")
+    out.with_suffix(".json").write_text(json.dumps(record, indent=1) + "\n")
     print("\n".join(lines[-12:]))
-    print(f"wrote {out}")
+    print(f"wrote {out} and {out.with_suffix('.json').name}")
     return 0 if all(verdict.values()) else 1
 
 

@@ -1,9 +1,11 @@
-"""The timed methods of benchmarks/gpu_check.py section (b): inputs, methods, timer, tile-skip figure."""
+"""The measured sections of benchmarks/gpu_check.py: (b) inputs, methods, timer, tile-skip figures;
+(c) training throughput."""
 
 from __future__ import annotations
 
 import statistics
 import time
+import traceback
 from collections.abc import Callable
 
 import torch
@@ -11,6 +13,15 @@ import torch.nn.functional as F
 
 SKIP_TOL = 1e-3
 FLA_ROW = "FoX fla parallel_forgetting_attn"
+
+
+class Clock:
+    def __init__(self, budget_s: float):
+        self.t0, self.budget = time.time(), budget_s
+
+    def left(self) -> float:
+        return self.budget - (time.time() - self.t0)
+
 
 Method = Callable[[dict], torch.Tensor]
 
@@ -80,21 +91,23 @@ def methods(H: int, D: int, compare: bool = False) -> dict[str, Method | None]:
 
 
 def time_ms(fn: Method, x: dict, reps: int) -> float:
-    """Median wall time (ms) of forward + backward over ``reps`` calls after one warm-up call."""
+    """Median time (ms) of forward + backward. CUDA: ``triton.testing.do_bench`` (CUDA events,
+    L2 flushed between calls, warm-up first; about ``reps`` x 20 ms of repetitions). CPU (the dry
+    run): the median wall time of ``reps`` calls after one warm-up call (meaningless as a speed)."""
     leaves = [t for n, t in x.items() if n != "dout"]
 
     def once():
         torch.autograd.grad(fn(x), leaves, x["dout"], allow_unused=True)
 
     once()  # warm-up, compiles
+    if x["q"].is_cuda:
+        from triton.testing import do_bench
+
+        return float(do_bench(once, warmup=25, rep=20 * reps, return_mode="median"))
     times = []
     for _ in range(reps):
-        if x["q"].is_cuda:
-            torch.cuda.synchronize()
         t0 = time.perf_counter()
         once()
-        if x["q"].is_cuda:
-            torch.cuda.synchronize()
         times.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(times)
 
@@ -107,3 +120,97 @@ def skip_fraction(q, k, v, field, level, beta, scale) -> float:
         _, n = skipped_tiles(q, k, v, field, level, field[..., :0], beta, scale, SKIP_TOL)
     nq = n.shape[-1]
     return float(n.sum()) / (n.shape[0] * n.shape[1] * nq * (nq - 1) / 2) if nq > 1 else 0.0
+
+
+def model_skips(model_dir: str, device: str, clock: Clock, T: int) -> list[str]:
+    """Tiles skipped on a trained model's fields: each FPA layer's q, k, v, field, level on random ids."""
+    from fpa.layers.attention import FirstPassageAttention
+    from fpa.models import FPAForCausalLM
+
+    model = FPAForCausalLM.from_pretrained(model_dir).to(device).eval()  # type: ignore[arg-type]  # transformers' @wraps(Module.to) stub keeps self
+    captured = []
+
+    def hook(mod, args):
+        x = args[0]
+        q = mod._heads(mod.q_proj(x), mod.num_heads)
+        k = mod._heads(mod.k_proj(x), mod.num_kv_heads)
+        if mod.q_norm is not None:
+            q, k = mod.q_norm(q), mod.k_norm(k)
+        v = mod._heads(mod.v_proj(x), mod.num_kv_heads)
+        field, level = mod.field_level(x)
+        captured.append((q, k, v, field, level, mod.beta.float(), mod.scale))
+
+    hooks = [m.register_forward_pre_hook(hook) for m in model.modules() if isinstance(m, FirstPassageAttention)]
+    if not hooks:
+        return [f"Model {model_dir}: no FPA layers, no tile-skip figure.", ""]
+    ids = torch.randint(0, model.config.vocab_size, (1, T), device=device)
+    with torch.no_grad():
+        model(input_ids=ids)
+    for h in hooks:
+        h.remove()
+    fr = [skip_fraction(*c) for c in captured]
+    return [
+        f"Trained model `{model_dir}` ({model.config.fpa.mode} mode), random ids, T={T}: off-diagonal tile "
+        f"pairs skipped at skip_tolerance={SKIP_TOL:g} per FPA layer: " + ", ".join(f"{f:.1%}" for f in fr),
+        "",
+    ]
+
+
+# ---------------------------------------------------------------- (c) training throughput
+
+
+def training(device: str, dry: bool, clock: Clock, fpa_backend: str) -> list[str]:
+    from fpa.layers.attention import FirstPassageAttention
+    from fpa.models import FPAConfig, FPAForCausalLM
+    from fpa.train import parameter_groups
+
+    batch, T, steps = (2, 64, 2) if dry else (8, 1024, 10)
+    over = dict(num_hidden_layers=2) if dry else {}
+    lines = [
+        "## (c) Training throughput, tiny preset",
+        "",
+        f"batch {batch} x {T}, AdamW over fpa.train.parameter_groups, "
+        f"{'bf16 autocast, ' if device == 'cuda' else ''}median of {steps} steps after 2 warm-up steps; "
+        f"FPA layers on backend {fpa_backend!r}, FoX on its chunked backend.",
+        "",
+        "| attention | tokens/s | step ms |",
+        "|---|---:|---:|",
+    ]
+    for att, kw in (
+        ("softmax_rope", {}),
+        ("fox", {}),
+        ("fpa", {"fpa": {"mode": "walk"}}),
+        ("fpa", {"fpa": {"mode": "free"}}),
+    ):
+        name = f"fpa-{kw['fpa']['mode']}" if kw else att
+        if clock.left() < 30:
+            lines.append(f"| {name} | not run (time budget) | |")
+            continue
+        torch.manual_seed(0)
+        model = FPAForCausalLM(FPAConfig.from_preset("tiny", attention=att, **kw, **over)).to(device)  # type: ignore[arg-type]  # transformers' @wraps(Module.to) stub keeps self
+        for m in model.modules():
+            if isinstance(m, FirstPassageAttention):
+                m.backend = fpa_backend
+        opt = torch.optim.AdamW(parameter_groups(model, 0.1), lr=1e-3)
+        ids = torch.randint(0, model.config.vocab_size, (batch, T), device=device)
+        times = []
+        try:
+            for i in range(steps + 2):
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                with torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda"):
+                    loss = model(input_ids=ids, labels=ids).loss
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                if i >= 2:
+                    times.append(time.perf_counter() - t0)
+            med = statistics.median(times)
+            lines.append(f"| {name} | {batch * T / med:,.0f} | {med * 1e3:.1f} |")
+        except Exception as e:  # noqa: BLE001 - reported in the table
+            lines.append(f"| {name} | failed: {type(e).__name__}: {str(e)[:100]} | |")
+            traceback.print_exc()
+    return lines + [""]

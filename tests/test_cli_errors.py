@@ -118,6 +118,20 @@ def test_train_rejects_misspelt_override_before_work(tmp_path, capsys):
     assert not out.exists()
 
 
+def test_train_points_former_spellings_to_the_current_ones(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", "--out-dir", str(out), "--model-overrides", '{"fpa_level_offset": "none"}']) == 2
+    assert 'did you mean {"fpa": {"level_offset": ...}}' in err_line(capsys)
+    assert main(["train", "--out-dir", str(out), "--evict-tau", "2"]) == 2
+    assert "--evict-tau (did you mean --evict-threshold?)" in err_line(capsys)
+    assert (
+        main(["train", "--out-dir", str(out), "--model-overrides", '{"fpa": {"level_offset": "head"}}', "--steps", "x"])
+        == 2
+    )
+    assert "--steps" in err_line(capsys)
+    assert not out.exists()
+
+
 def test_failed_train_leaves_no_folder(tmp_path, capsys):
     out = tmp_path / "run"
     assert main(["train", "--out-dir", str(out), "--data-source", str(tmp_path / "none*.txt"), "--steps", "1"]) == 2
@@ -130,7 +144,11 @@ def test_failed_train_leaves_no_folder(tmp_path, capsys):
     [
         ("c.yaml", "out_dir: [unclosed", "not valid YAML"),
         ("c.json", "{out_dir", "not valid JSON"),
-        ("c.json", '{"out_dir": "o", "stepz": 3}', "unknown training config keys \\['stepz'\\]; valid keys"),
+        (
+            "c.json",
+            '{"out_dir": "o", "stepz": 3}',
+            "unknown training config keys \\['stepz'\\]; 'stepz' \\(did you mean 'steps'\\?\\); valid keys",
+        ),
         ("c.toml", "", "must end in .json, .yaml or .yml"),
         ("missing.json", None, "does not exist"),
     ],

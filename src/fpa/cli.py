@@ -39,7 +39,7 @@ COMMANDS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     ),
     "reproduce": (
         "fpa.experiments.reproduce_cli",
-        "train the five methods, run every evaluation, write the report",
+        "train a preset's methods, run every evaluation, write the report",
         ("models", "train"),
     ),
 }

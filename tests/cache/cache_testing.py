@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from fpa.layers.attention import make_attention
+from fpa.layers.options import FPAOptions
 from fpa.models import FPAConfig, FPAForCausalLM
 from fpa.ops import dip
 
@@ -29,7 +30,7 @@ def tiny_model(att="fpa", mode="free", seed=0, **kw):
         num_attention_heads=4,
         intermediate_size=48,
         attention=att,
-        fpa_mode=mode,
+        fpa={"mode": mode, **kw.pop("fpa", {})},
         **kw,
     )
     return FPAForCausalLM(c).eval()
@@ -49,11 +50,8 @@ def forgetful_layer(kind, seed=0, num_kv_heads=2, qk_norm=False, hidden=32, head
             hidden,
             heads,
             num_kv_heads,
-            fpa_mode=mode,
+            fpa=FPAOptions(mode=mode, field_init_std=0.5, beta_init=1.0, level_offset=offset or "none"),
             qk_norm=qk_norm,
-            field_init_std=0.5,
-            beta_init=1.0,
-            level_offset=offset or "none",
         )
     if qk_norm:
         with torch.no_grad():

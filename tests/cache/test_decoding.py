@@ -32,7 +32,7 @@ def _calls(model, x, cache, chunks):
 
 # every type, and FPA walk with a per-token level offset (softplus(1) = 1.3 at init: it changes the outputs)
 CASES = [pytest.param(a, m, {}, id=f"{a}-{m}") for a, m in TYPES] + [
-    pytest.param("fpa", "walk", dict(fpa_level_offset="token", fpa_level_offset_bias_init=1.0), id="fpa-walk-token")
+    pytest.param("fpa", "walk", dict(fpa={"level_offset": "token", "level_offset_bias_init": 1.0}), id="fpa-walk-token")
 ]
 
 

@@ -24,7 +24,7 @@ def _model(attention="fpa", seed=0):
         num_key_value_heads=2,
         intermediate_size=64,
         attention=attention,
-        fpa_mode="walk",
+        fpa={"mode": "walk"},
     )
     model = FPAForCausalLM(cfg).eval()
     with torch.no_grad():  # penalties that matter: steps of either sign, beta 2

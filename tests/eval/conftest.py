@@ -57,7 +57,7 @@ def _tiny_model(attention="fpa", mode="free", seed=0, **overrides):
         num_key_value_heads=2,
         intermediate_size=64,
         attention=attention,
-        fpa_mode=mode,
+        fpa={"mode": mode, **overrides.pop("fpa", {})},
         **overrides,
     )
     return FPAForCausalLM(cfg).eval()

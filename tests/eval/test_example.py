@@ -23,13 +23,13 @@ def test_answer_attention_is_the_layers_own_attention(tiny_model, mode):
 
 
 def test_example_picks_the_head_most_on_the_needle(tiny_model, tok):
-    ex = passkey_example(tiny_model("fpa", "walk"), tok, 200, 0.5)
+    ex = passkey_example(tiny_model("fpa", "walk", fpa={"level_offset": "head"}), tok, 200, 0.5)
     a, b = ex["needle_start"], ex["needle_start"] + ex["needle_len"]
     assert len(ex["field"]) == len(ex["level"]) == len(ex["attention"]) == 200
     assert ex["needle_mass"] == pytest.approx(sum(ex["attention"][a:b]), rel=1e-5)
-    # walk mode with the default head offset, starting at 1: level = field + 1 at every position
+    # walk mode with a head offset, starting at 1: level = field + 1 at every position
     assert ex["level"] == pytest.approx([f + 1.0 for f in ex["field"]], abs=1e-5)
-    plain = passkey_example(tiny_model("fpa", "walk", fpa_level_offset="none"), tok, 200, 0.5)
+    plain = passkey_example(tiny_model("fpa", "walk", fpa={"level_offset": "none"}), tok, 200, 0.5)
     assert plain["level"] == plain["field"]
     with pytest.raises(ValueError, match="attention"):
         passkey_example(tiny_model("fox"), tok, 200, 0.5)

@@ -25,7 +25,7 @@ def _model():
         num_attention_heads=2,
         intermediate_size=64,
         attention="fpa",
-        fpa_mode="walk",
+        fpa={"mode": "walk"},
     )
     return FPAForCausalLM(cfg).eval()
 

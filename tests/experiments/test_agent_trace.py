@@ -61,12 +61,15 @@ def test_token_offset_walk_decodes_like_its_full_forward():
 
 def test_token_offset_walk_is_the_library_layer():
     """Only its construction differs: a plain library layer with its weights computes the same."""
-    from fpa.layers import FirstPassageAttention
+    from fpa.layers import FirstPassageAttention, FPAOptions
 
     torch.manual_seed(0)
     layer = TokenOffsetWalk(8, 2, 4, offset_bias_init=-1.0)
     plain = FirstPassageAttention(
-        8, 2, mode="walk", head_dim=4, walk_increment="linear", beta_activation="softplus", level_offset="token"
+        8,
+        2,
+        head_dim=4,
+        options=FPAOptions(mode="walk", walk_increment="linear", beta_activation="softplus", level_offset="token"),
     )
     plain.load_state_dict(layer.state_dict())
     assert layer.level_offset_proj.bias.tolist() == [-1.0, -1.0]

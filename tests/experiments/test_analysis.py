@@ -33,8 +33,21 @@ def test_paired_and_its_verdicts():
     assert "x ahead at n = 10" in verdict(res, "x", "y", "Passkey")
     assert "y ahead" in verdict(paired(b, a), "x", "y", "Passkey")
     # lower is better for a loss: a smaller loss of x puts x ahead
-    assert "x ahead" in verdict(paired([1.0] * 10, [2.0] * 10), "x", "y", "Loss", higher_is_better=False)
+    assert "x ahead" in verdict(paired([1.0] * 10, [2.0] * 10, higher_is_better=False), "x", "y", "Loss")
     mixed = paired([1, 0, 1, 0, 1, 0], [0, 1, 0, 1, 0, 1])
     assert "no difference detectable at n = 6" in verdict(mixed, "x", "y", "Passkey")
     with pytest.raises(ValueError, match="same length"):
         paired([1, 2], [1])
+
+
+def test_wins_are_oriented_by_the_metric():
+    """x has the lower loss on 7 seeds and the higher on 2 (one tie): for a loss (lower is better)
+    x wins 7; read as a higher-is-better metric, the same numbers give x 2 wins."""
+    x = [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 3.0, 3.0, 2.0]
+    y = [2.0] * 10
+    loss = paired(x, y, higher_is_better=False)
+    assert (loss["wins_a"], loss["wins_b"], loss["ties"]) == (7, 2, 1) and not loss["higher_is_better"]
+    acc = paired(x, y)
+    assert (acc["wins_a"], acc["wins_b"], acc["ties"]) == (2, 7, 1)
+    assert "x better on 7 seeds, y on 2, 1 tied" in verdict(loss, "x", "y", "Loss", scale=1.0, digits=4)
+    assert "lower is better" in verdict(loss, "x", "y", "Loss")

@@ -26,8 +26,8 @@ def test_run_grid_rejects_bad_arguments(kw, match):
 
 
 def test_train_cell_is_deterministic_and_complete():
-    a = train_cell("calls", "fpa_walk", 2, 3, (0, 1), TINY)
-    b = train_cell("calls", "fpa_walk", 2, 3, (0, 1), TINY)
+    a = train_cell("calls", "fpa-walk", 2, 3, (0, 1), TINY)
+    b = train_cell("calls", "fpa-walk", 2, 3, (0, 1), TINY)
     assert [r["target_mass"] for r in a] == [r["target_mass"] for r in b]
     assert [r["seed"] for r in a] == [0, 1]
     for r in a:
@@ -59,7 +59,7 @@ def test_both_recipes_train(recipe):
         eval_n=8,
         log_every=1,
     )
-    r = train_cell("stack", "fpa_walk", 2, 2, (0,), cfg)[0]
+    r = train_cell("stack", "fpa-walk", 2, 2, (0,), cfg)[0]
     assert r["config"]["dense"] == (recipe == "dense")
     assert np.mean(r["curve"][-5:]) < np.mean(r["curve"][:5])
 
@@ -72,7 +72,7 @@ def test_length_curriculum_trains_every_kth_step_on_longer_sequences(monkeypatch
     real = capacity._tensors
     monkeypatch.setattr(capacity, "_tensors", lambda b, sl: (seen.append(b.tokens.shape[-1]), real(b, sl))[1])
     cfg = SynthRecipe(steps=6, batch=4, eval_n=4, log_every=1, long_every=2, long_factor=3)
-    r = train_cell("stack", "fpa_walk", 2, 2, (0,), cfg)[0]
+    r = train_cell("stack", "fpa-walk", 2, 2, (0,), cfg)[0]
     from fpa.tasks.nested import get_task
 
     long = get_task("stack").sample(np.random.default_rng(0), 1, 2, 3).tokens.shape[-1]
@@ -81,7 +81,7 @@ def test_length_curriculum_trains_every_kth_step_on_longer_sequences(monkeypatch
     with pytest.raises(ValueError, match="long_every"):
         SynthRecipe(long_every=-1)
     with pytest.raises(ValueError, match="train_long"):
-        train_cell("stack", "fpa_walk", 2, 2, (0,), cfg, capacity.make_cell_data("stack", 2, (0,), TINY))
+        train_cell("stack", "fpa-walk", 2, 2, (0,), cfg, capacity.make_cell_data("stack", 2, (0,), TINY))
 
 
 def test_train_cell_trains_the_field_heads_at_their_lr_multiplier(monkeypatch):
@@ -93,7 +93,7 @@ def test_train_cell_trains_the_field_heads_at_their_lr_multiplier(monkeypatch):
     real = torch.optim.Adam
     monkeypatch.setattr(torch.optim, "Adam", lambda groups, lr: (made.append((groups, lr)), real(groups, lr=lr))[1])
     cfg = SynthRecipe(steps=1, batch=2, eval_n=2, log_every=1, lr=0.02)
-    train_cell("stack", "fpa_walk", 2, 2, (0, 1), cfg, layer_kwargs={"field_lr_multiplier": 0.1})
+    train_cell("stack", "fpa-walk", 2, 2, (0, 1), cfg, layer_kwargs={"field_lr_multiplier": 0.1})
     ((groups, lr),) = made
     rates = sorted(g["initial_lr"] for g in groups)  # the scheduler scales "lr" from these
     assert lr == 0.02 and rates[0] == pytest.approx(0.002) and rates[-1] == pytest.approx(0.02)
@@ -102,24 +102,25 @@ def test_train_cell_trains_the_field_heads_at_their_lr_multiplier(monkeypatch):
 
 
 def test_the_walk_method_starts_with_a_head_offset_of_one():
-    """fpa_walk uses the library default: level = field + c_h, c_h = 1 at initialisation."""
+    """fpa-walk's synthetic heads set a head offset explicitly: level = field + c_h, c_h = 1 at
+    initialisation (not the library default, which has no offset)."""
     from fpa.tasks.packed import PackedModels
 
-    walk = PackedModels("fpa_walk", 3, 6, 2).attn
+    walk = PackedModels("fpa-walk", 3, 6, 2).attn
     assert walk.level_offset_kind == "head" and walk.level_offset.tolist() == [1.0, 1.0, 1.0]
-    assert PackedModels("fpa_free", 3, 6, 2).attn.level_offset_kind is None
+    assert PackedModels("fpa-free", 3, 6, 2).attn.level_offset_kind is None
 
 
-def test_fpa_parametrisation_records_the_library_defaults_and_overrides():
-    from fpa.tasks.packed import fpa_parametrisation
+def test_method_options_are_the_method_s_with_overrides():
+    from fpa.layers import FPAOptions
+    from fpa.tasks.packed import method_options
 
-    walk = fpa_parametrisation("fpa_walk")
-    assert (walk["fpa_level_offset"], walk["fpa_level_offset_init"]) == ("head", 1.0)
-    assert walk["fpa_walk_increment"] == "tanh"
-    assert fpa_parametrisation("fpa_walk", {"fpa_level_offset": "none"})["fpa_level_offset"] == "none"
-    assert fpa_parametrisation("fpa_free")["fpa_mode"] == "free"
-    assert fpa_parametrisation("fpa_free")["fpa_level_offset"] == "none"
-    with pytest.raises(ValueError, match="did you mean 'fpa_level_offset'"):
-        fpa_parametrisation("fpa_walk", {"level_offset": "none"})  # the layer's name: not a config name
+    assert method_options("fpa-walk") == FPAOptions(level_offset="head", level_offset_init=1.0)
+    assert method_options("fpa-walk", {"level_offset": "none"}) == FPAOptions()
+    assert method_options("fpa-free") == FPAOptions(mode="free")
+    with pytest.raises(ValueError, match="did you mean 'level_offset'"):
+        method_options("fpa-walk", {"fpa_level_offset": "none"})  # the former config name
     with pytest.raises(ValueError, match="no FPA layer"):
-        fpa_parametrisation("fox")
+        method_options("fox")
+    with pytest.raises(ValueError, match="did you mean 'fpa-walk'"):
+        method_options("fpa_walk")

@@ -16,7 +16,7 @@ def test_tiny_run_writes_files(tmp_path):
             "--task",
             "stack,scope",
             "--methods",
-            "fpa_walk,softmax_alibi",
+            "fpa-walk,softmax-alibi",
             "--dims",
             "1,2",
             "--ms",
@@ -40,7 +40,7 @@ def test_tiny_run_writes_files(tmp_path):
         assert {"task", "method", "dim", "m", "seed", "target_mass", "accuracy", "success"} <= set(r)
         assert 0 <= r["target_mass"] <= 1 and 0 <= r["accuracy"] <= 1
         assert r["success"] == (r["target_mass"] >= 0.99 and r["accuracy"] >= 0.99)
-    assert "| fpa_walk | 1 |" in (out / "results.md").read_text()
+    assert "| fpa-walk | 1 |" in (out / "results.md").read_text()
     for name in (
         "heatmap_stack.png",
         "heatmap_scope.png",
@@ -67,19 +67,20 @@ def test_tiny_run_writes_files(tmp_path):
         (["--seeds", "0-2,2"], "--seeds lists a value twice"),
         (["--seeds", "-1"], "--seeds must be comma-separated integers or ranges"),
         (["--fpa-kwargs", "{}"], "--fpa-kwargs needs an FPA method"),
-        (["--methods", "fpa_walk", "--fpa-kwargs", "[1]"], "--fpa-kwargs must be a JSON object"),
-        (["--methods", "fpa_walk", "--fpa-kwargs", "{fpa_level_offset: 1}"], "--fpa-kwargs must be a JSON object"),
-        (["--methods", "fpa_walk", "--fpa-kwargs", '{"fpa_level_ofset": 1}'], "--fpa-kwargs: .*fpa_level_ofset"),
+        (["--methods", "fpa_walk"], "--methods must be .* got 'fpa_walk' \\(did you mean 'fpa-walk'\\?\\)"),
+        (["--methods", "fpa-walk", "--fpa-kwargs", "[1]"], "--fpa-kwargs must be a JSON object"),
+        (["--methods", "fpa-walk", "--fpa-kwargs", "{level_offset: 1}"], "--fpa-kwargs must be a JSON object"),
+        (["--methods", "fpa-walk", "--fpa-kwargs", '{"level_ofset": 1}'], "--fpa-kwargs: .*level_ofset"),
         (
-            ["--methods", "fpa_walk", "--fpa-kwargs", '{"level_offset_init": 2.0}'],
-            "--fpa-kwargs: unknown FPA arguments .*did you mean 'fpa_level_offset_init'",
-        ),  # the layer's name
+            ["--methods", "fpa-walk", "--fpa-kwargs", '{"fpa_level_offset_init": 2.0}'],
+            "--fpa-kwargs: unknown keys .*did you mean 'level_offset_init'",
+        ),  # the former config name
         (
-            ["--methods", "fpa_walk", "--fpa-kwargs", '{"fpa_level_offset_init": "x"}'],
+            ["--methods", "fpa-walk", "--fpa-kwargs", '{"level_offset_init": "x"}'],
             "level_offset_init must be a finite",
         ),
-        (["--methods", "fpa_walk", "--fpa-kwargs", '{"fpa_level_offset": false}'], "got False: use 'none'"),
-        (["--methods", "fpa_walk", "--fpa-kwargs", '{"fpa_mode": "free"}'], "unknown FPA arguments \\['fpa_mode'\\]"),
+        (["--methods", "fpa-walk", "--fpa-kwargs", '{"level_offset": false}'], "got False \\(use 'none'"),
+        (["--methods", "fpa-walk", "--fpa-kwargs", '{"mode": "sideways"}'], "FPAOptions.mode must be one of"),
     ],
 )
 def test_bad_arguments(tmp_path, capsys, args, match):
@@ -103,7 +104,7 @@ def test_seed_ranges_and_determinism(tmp_path):
                     "--task",
                     "stack",
                     "--methods",
-                    "fpa_walk",
+                    "fpa-walk",
                     "--dims",
                     "1",
                     "--ms",
@@ -139,7 +140,7 @@ def test_fpa_kwargs_reach_the_fpa_layers_only_and_are_recorded(tmp_path):
                     "--task",
                     "stack",
                     "--methods",
-                    "fpa_walk,fox",
+                    "fpa-walk,fox",
                     "--dims",
                     "1",
                     "--ms",
@@ -159,13 +160,13 @@ def test_fpa_kwargs_reach_the_fpa_layers_only_and_are_recorded(tmp_path):
         )
         return read_results(out)
 
-    two, none = run("two", '{"fpa_level_offset_init": 2.0}'), run("none", '{"fpa_level_offset": "none"}')
-    assert two["meta"]["fpa_kwargs"] == {"fpa_level_offset_init": 2.0}
-    assert two["meta"]["fpa_parametrisation"]["fpa_walk"]["fpa_level_offset_init"] == 2.0
-    assert none["meta"]["fpa_parametrisation"]["fpa_walk"]["fpa_level_offset"] == "none"
-    assert "fox" not in two["meta"]["fpa_parametrisation"]
+    two, none = run("two", '{"level_offset_init": 2.0}'), run("none", '{"level_offset": "none"}')
+    assert two["meta"]["fpa_kwargs"] == {"level_offset_init": 2.0}
+    assert two["meta"]["fpa_options"]["fpa-walk"]["level_offset_init"] == 2.0
+    assert none["meta"]["fpa_options"]["fpa-walk"]["level_offset"] == "none"
+    assert "fox" not in two["meta"]["fpa_options"]
     walk = {
-        name: [r for r in d["records"] if r["method"] == "fpa_walk"][0] for name, d in (("two", two), ("none", none))
+        name: [r for r in d["records"] if r["method"] == "fpa-walk"][0] for name, d in (("two", two), ("none", none))
     }
     fox = [[r for r in d["records"] if r["method"] == "fox"][0] for d in (two, none)]
     assert walk["two"]["curve"] != walk["none"]["curve"]
@@ -175,9 +176,9 @@ def test_fpa_kwargs_reach_the_fpa_layers_only_and_are_recorded(tmp_path):
 def test_merge_writes_split_runs_as_one(tmp_path):
     base = ["synth", "--task", "stack", "--dims", "1", "--ms", "2", "--seeds", "0", "--steps", "2", "--no-progress"]
     assert main(base + ["--methods", "fox", "--out", str(tmp_path / "a")]) == 0
-    assert main(base + ["--methods", "fpa_walk", "--out", str(tmp_path / "b")]) == 0
+    assert main(base + ["--methods", "fpa-walk", "--out", str(tmp_path / "b")]) == 0
     assert main(["synth", "--merge", f"{tmp_path / 'a'},{tmp_path / 'b'}", "--out", str(tmp_path / "m")]) == 0
     recs = read_results(tmp_path / "m")["records"]
-    assert sorted(r["method"] for r in recs) == ["fox", "fpa_walk"]
+    assert sorted(r["method"] for r in recs) == ["fox", "fpa-walk"]
     assert (tmp_path / "m" / "heatmap_stack.png").stat().st_size > 0
     assert main(["synth", "--merge", f"{tmp_path / 'a'},{tmp_path / 'a'}", "--out", str(tmp_path / "x")]) == 2

@@ -2,7 +2,7 @@
 
 import pytest
 
-from fpa.experiments.tuning import config_rows, select_config, select_tau
+from fpa.experiments.tuning import config_rows, select_config, select_threshold
 
 
 def _val(seed, loss, acc):
@@ -34,18 +34,20 @@ def test_rows_average_over_seeds():
 def test_best_score_then_lowest_loss_within_the_tie_band():
     assert select_config(_rows(), "m")["name"] == "m[c]"
     assert select_config(_rows(), "n")["name"] == "n[a]"
+    rows = _rows() + [{**_rows()[0], "name": "m-rule[a]", "arm": "m-rule", "score": 0.0}]
+    assert select_config(rows, "m")["name"] == "m[c]" and select_config(rows, "m-rule")["name"] == "m-rule[a]"
     with pytest.raises(ValueError, match="no tuning configuration"):
         select_config(_rows(), "zzz")
 
 
-def test_tau_is_the_smallest_within_tolerance_of_the_full_cache():
+def test_threshold_is_the_smallest_within_tolerance_of_the_full_cache():
     full = [1.0, 0.8]  # mean 0.9
     sweeps = [
-        {"tau": 2.0, "accuracy_by_length": [0.5, 0.3], "kept_by_length": [0.1, 0.1]},
-        {"tau": 8.0, "accuracy_by_length": [1.0, 0.77], "kept_by_length": [0.3, 0.2]},  # 0.885: within 0.02
-        {"tau": 4.0, "accuracy_by_length": [0.9, 0.6], "kept_by_length": [0.2, 0.15]},
+        {"threshold": 2.0, "accuracy_by_length": [0.5, 0.3], "kept_by_length": [0.1, 0.1]},
+        {"threshold": 8.0, "accuracy_by_length": [1.0, 0.77], "kept_by_length": [0.3, 0.2]},  # 0.885: within 0.02
+        {"threshold": 4.0, "accuracy_by_length": [0.9, 0.6], "kept_by_length": [0.2, 0.15]},
     ]
-    pick = select_tau(full, sweeps, 0.02)
-    assert pick["tau"] == 8.0 and pick["within"] and pick["kept"] == pytest.approx(0.25)
-    none = select_tau(full, sweeps[:1], 0.02)
-    assert none["tau"] == 2.0 and not none["within"]
+    pick = select_threshold(full, sweeps, 0.02)
+    assert pick["threshold"] == 8.0 and pick["within"] and pick["kept"] == pytest.approx(0.25)
+    none = select_threshold(full, sweeps[:1], 0.02)
+    assert none["threshold"] == 2.0 and not none["within"]

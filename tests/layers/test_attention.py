@@ -2,11 +2,12 @@ import pytest
 import torch
 
 from fpa.layers import ATTENTION_TYPES, FirstPassageAttention, TransformerBlock, make_attention
+from fpa.layers.options import FPAOptions
 from fpa.ops.cached import LayerState
 
 KW = [
-    ("fpa", {"fpa_mode": "free"}),
-    ("fpa", {"fpa_mode": "walk"}),
+    ("fpa", {"fpa": FPAOptions(mode="free")}),
+    ("fpa", {"fpa": FPAOptions(mode="walk")}),
     ("fox", {}),
     ("softmax_rope", {}),
     ("softmax_alibi", {}),
@@ -23,10 +24,12 @@ def test_causal_and_cache(att, kw):
     x2 = x.clone()
     x2[:, 6:] += 1.0
     assert torch.allclose(m(x2)[:, :6], y[:, :6], atol=1e-10)
-    state = {}
+    state = LayerState()
     parts = [m(x[:, :4], state), m(x[:, 4:5], state), m(x[:, 5:], state)]
     assert torch.allclose(torch.cat(parts, 1), y, atol=1e-8)
-    assert type(state["layer"]) is LayerState and state["layer"].length == 9  # a dict keeps the ops-level state
+    assert state.length == 9
+    with pytest.raises(ValueError, match="state must be a fpa.cache.LayerCache .* got dict"):
+        m(x, {})
 
 
 def test_the_cache_layer_is_the_state_the_layers_call():
@@ -36,7 +39,7 @@ def test_the_cache_layer_is_the_state_the_layers_call():
     from fpa.ops.cached import LayerInfo as OpsLayerInfo
 
     assert issubclass(LayerCache, LayerState) and LayerInfo is OpsLayerInfo
-    m = make_attention("fpa", 16, 2, fpa_mode="walk")
+    m = make_attention("fpa", 16, 2, fpa={"mode": "walk"})
     lc = LayerCache()
     m(torch.randn(1, 3, 16), lc)
     assert lc.get_seq_length() == 3 and lc.is_initialized and lc.info.kind == "fpa"
@@ -48,14 +51,16 @@ def test_block_and_errors():
     with pytest.raises(ValueError, match="attention"):
         make_attention("nope", 16, 2)
     with pytest.raises(ValueError, match="mode"):
-        FirstPassageAttention(16, 2, mode="bad")
+        FirstPassageAttention(16, 2, options=FPAOptions(mode="bad"))
     with pytest.raises(ValueError, match="divisible"):
         FirstPassageAttention(15, 2)
     assert len(ATTENTION_TYPES) == 5
+    with pytest.raises(ValueError, match="fpa options are for attention='fpa', got attention='fox'"):
+        make_attention("fox", 16, 2, fpa=FPAOptions())
 
 
 def test_beta_grad():
-    m = FirstPassageAttention(16, 2, mode="walk", level_offset="head")
+    m = FirstPassageAttention(16, 2, options=FPAOptions(mode="walk", level_offset="head"))
     m(torch.randn(1, 6, 16)).sum().backward()
     assert m.beta_param.grad is not None and m.increment_proj.weight.grad is not None
 

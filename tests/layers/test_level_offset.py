@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from fpa.cache import FPACache, FPAEviction
 from fpa.layers.attention import FirstPassageAttention
+from fpa.layers.options import FPAOptions
 from fpa.train import parameter_groups
 
 
@@ -20,11 +21,9 @@ def _token_layer(increment="tanh", seed=0, hidden=16, heads=4, kv_heads=2):
         hidden,
         heads,
         kv_heads,
-        mode="walk",
-        level_offset="token",
-        walk_increment=increment,
-        field_init_std=0.5,
-        level_offset_bias_init=0.0,
+        options=FPAOptions(
+            mode="walk", level_offset="token", walk_increment=increment, field_init_std=0.5, level_offset_bias_init=0.0
+        ),
     )
     layer.set_beta_(torch.tensor([0.5, 1.0, 2.0, 3.0]))
     return layer.double()
@@ -85,7 +84,7 @@ def test_forward_and_gradients_match_the_definition(increment):
 
 def test_initial_offset_is_small_and_trains_with_the_field_heads():
     torch.manual_seed(0)
-    layer = FirstPassageAttention(16, 2, mode="walk", level_offset="token", field_lr_multiplier=0.1)
+    layer = FirstPassageAttention(16, 2, options=FPAOptions(mode="walk", level_offset="token", field_lr_multiplier=0.1))
     lin = layer.level_offset_proj
     assert (lin.in_features, lin.out_features) == (16, 2) and lin.bias.tolist() == [-4.0, -4.0]
     assert 0.01 < lin.weight.std().item() < 0.03  # N(0, field_init_std^2), std 0.02
@@ -101,10 +100,9 @@ def test_initial_offset_is_small_and_trains_with_the_field_heads():
     assert mult[id(lin.weight)] == mult[id(lin.bias)] == 0.1 and mult[id(layer.q_proj.weight)] == 1.0
 
 
-@pytest.mark.parametrize("level_offset", ["auto", "head"])
-def test_head_offset_is_one_constant_per_head(level_offset):
+def test_head_offset_is_one_constant_per_head():
     torch.manual_seed(0)
-    layer = FirstPassageAttention(16, 2, mode="walk", level_offset=level_offset)
+    layer = FirstPassageAttention(16, 2, options=FPAOptions(mode="walk", level_offset="head"))
     with torch.no_grad():
         layer.level_offset.copy_(torch.tensor([0.5, -1.0]))
     field, level = layer.field_level(torch.randn(1, 7, 16))
@@ -113,11 +111,13 @@ def test_head_offset_is_one_constant_per_head(level_offset):
 
 
 def test_head_offset_starts_at_level_offset_init():
-    """level_offset_init sets the "head" offset's starting value (default 0: level = field at init)."""
+    """level_offset_init sets the "head" offset's starting value (default 1)."""
     torch.manual_seed(0)
     x = torch.randn(1, 6, 16)
     for init in (0.0, 1.0, -0.5):
-        layer = FirstPassageAttention(16, 2, mode="walk", level_offset="head", level_offset_init=init)
+        layer = FirstPassageAttention(
+            16, 2, options=FPAOptions(mode="walk", level_offset="head", level_offset_init=init)
+        )
         field, level = layer.field_level(x)
         assert layer.level_offset.tolist() == [init, init]
         torch.testing.assert_close(level - field, torch.full_like(field, init))
@@ -131,7 +131,9 @@ def test_floor_keys_are_evicted_only_with_a_token_offset():
     held = {}
     for level_offset in ("none", "token"):
         torch.manual_seed(0)
-        layer = FirstPassageAttention(8, 1, mode="walk", level_offset=level_offset, level_offset_bias_init=2.0).eval()
+        layer = FirstPassageAttention(
+            8, 1, options=FPAOptions(mode="walk", level_offset=level_offset, level_offset_bias_init=2.0)
+        ).eval()
         with torch.no_grad():
             layer.increment_proj.weight.zero_()
             layer.increment_proj.bias.zero_()
@@ -153,20 +155,23 @@ def test_floor_keys_are_evicted_only_with_a_token_offset():
     [
         (
             dict(mode="walk", level_offset="bogus"),
-            r"level_offset must be 'auto' or one of \('none', 'head', 'token'\).*'bogus'",
+            r"FPAOptions.level_offset must be one of \('none', 'head', 'token'\), got 'bogus'",
         ),
-        (dict(mode="walk", level_offset=1), r"level_offset must be .auto. or one of .* got 1"),
-        (dict(mode="walk", level_offset=None), r"level_offset must be .auto. or one of .* got None"),
+        (dict(mode="walk", level_offset=1), r"FPAOptions.level_offset must be one of .* got 1"),
+        (dict(mode="walk", level_offset=None), r"FPAOptions.level_offset must be one of .* got None"),
         (
             dict(mode="walk", level_offset=True),
-            r"level_offset must be .* got True: use 'none' \(was False\) or 'head' \(was True\)",
+            r"FPAOptions.level_offset must be .* got True \(use 'none' for false, 'head' for true\)",
         ),
-        (dict(mode="walk", level_offset=False), r"level_offset must be .* got False: use 'none' .* or 'head'"),
-        (dict(mode="free", level_offset="token"), r"level_offset='token' needs mode='walk'.*got mode='free'"),
+        (dict(mode="walk", level_offset=False), r"FPAOptions.level_offset must be .* got False \(use 'none' for false"),
+        (
+            dict(mode="free", level_offset="token"),
+            r"FPAOptions.level_offset='token' needs mode='walk'.*got mode='free'",
+        ),
         (dict(mode="free", level_offset="head"), r"level_offset='head' needs mode='walk'"),
         (
             dict(mode="walk", level_offset="token", level_offset_bias_init=math.nan),
-            "level_offset_bias_init must be a finite number, got nan",
+            "FPAOptions.level_offset_bias_init must be a finite number, got nan",
         ),
         (
             dict(mode="walk", level_offset="token", level_offset_bias_init="-4"),
@@ -174,7 +179,7 @@ def test_floor_keys_are_evicted_only_with_a_token_offset():
         ),
         (
             dict(mode="walk", level_offset="head", level_offset_init=math.inf),
-            "level_offset_init must be a finite number, got inf",
+            "FPAOptions.level_offset_init must be a finite number, got inf",
         ),
         (
             dict(mode="walk", level_offset="head", level_offset_init=True),
@@ -184,13 +189,13 @@ def test_floor_keys_are_evicted_only_with_a_token_offset():
 )
 def test_bad_arguments_are_named(kw, words):
     with pytest.raises(ValueError, match=words):
-        FirstPassageAttention(16, 2, **kw)
+        FirstPassageAttention(16, 2, options=FPAOptions(**kw))
 
 
 def test_level_offset_is_one_typed_choice():
-    """ "auto" is "head" in walk mode and no offset in free mode; "none" is accepted in both."""
-    assert FirstPassageAttention(16, 2, mode="walk").level_offset_kind == "head"
-    assert FirstPassageAttention(16, 2, mode="free").level_offset_kind is None
+    """The default is no offset in either mode; "none" is accepted in both."""
+    assert FirstPassageAttention(16, 2, options=FPAOptions(mode="walk")).level_offset_kind is None
+    assert FirstPassageAttention(16, 2, options=FPAOptions(mode="free")).level_offset_kind is None
     for mode in ("free", "walk"):
-        layer = FirstPassageAttention(16, 2, mode=mode, level_offset="none")
+        layer = FirstPassageAttention(16, 2, options=FPAOptions(mode=mode, level_offset="none"))
         assert layer.level_offset_kind is None and layer.level_offset is None and layer.level_offset_proj is None

@@ -1,4 +1,4 @@
-"""Eviction in the training loop (FirstPassageAttention.set_training_eviction, TrainConfig.evict_tau):
+"""Eviction in the training loop (FirstPassageAttention.set_training_eviction, TrainConfig.evict_threshold):
 the masked attention against a float64 loop oracle written from the definition (forward and
 gradients), token-by-token decoding under FPAEviction against the training forward, and errors."""
 
@@ -10,6 +10,7 @@ import torch
 from fpa.cache import FPACache, FPAEviction
 from fpa.layers.attention import FirstPassageAttention
 from fpa.layers.fpa_form import evicting_attention, evicting_bias
+from fpa.layers.options import FPAOptions
 from fpa.train import TrainConfig
 from fpa.train.model_setup import set_training_eviction
 
@@ -57,7 +58,7 @@ def _inputs(seed, B=2, H=4, Hkv=2, T=9, D=3):
 def test_evicting_attention_matches_the_loop_oracle_forward_and_gradients(tau):
     q, k, v, field, level, beta = inputs = _inputs(seed=int(10 * min(tau, 9)))
     scale = 0.6
-    got, _ = evicting_attention(q, k, v, evicting_bias(field, level, beta, tau, groups=2), scale)
+    got, _ = evicting_attention(q, k, v, field, level, beta, tau, scale)  # the fast path (chunked op)
     ref = _loop_oracle(q, k, v, field, level, beta, scale, tau)
     torch.testing.assert_close(got, ref, rtol=1e-10, atol=1e-12)
     w = torch.randn_like(ref)
@@ -65,6 +66,9 @@ def test_evicting_attention_matches_the_loop_oracle_forward_and_gradients(tau):
     g_ref = torch.autograd.grad((ref * w).sum(), inputs)
     for name, a, b in zip("q k v field level beta".split(), g_got, g_ref):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11, msg=name)
+    dense, weights = evicting_attention(q, k, v, field, level, beta, tau, scale, need_weights=True)  # the reference
+    torch.testing.assert_close(dense, ref, rtol=1e-10, atol=1e-12)
+    assert weights is not None and torch.isinf(evicting_bias(field, level, beta, tau, 2)).eq(weights == 0).all()
 
 
 def test_the_mask_removes_keys_at_small_tau_and_nothing_at_infinity():
@@ -78,7 +82,7 @@ def test_the_mask_removes_keys_at_small_tau_and_nothing_at_infinity():
 def _walk_layer(seed=0):
     torch.manual_seed(seed)
     layer = FirstPassageAttention(
-        16, 4, 2, mode="walk", field_init_std=0.5, level_offset="token", level_offset_bias_init=-1.0
+        16, 4, 2, options=FPAOptions(mode="walk", field_init_std=0.5, level_offset="token", level_offset_bias_init=-1.0)
     )
     layer.set_beta_(torch.tensor([0.5, 1.0, 2.0, 3.0]))
     return layer.double()
@@ -129,12 +133,12 @@ def test_the_rule_applies_in_both_modes_and_none_leaves_the_layer_as_it_was():
 def test_bad_thresholds_are_refused(bad):
     with pytest.raises(ValueError, match="threshold"):
         _walk_layer().set_training_eviction(bad)
-    with pytest.raises(ValueError, match="evict_tau"):
-        TrainConfig(out_dir="x", data_source="stdlib", attention="fpa", evict_tau=bad)
+    with pytest.raises(ValueError, match="evict_threshold"):
+        TrainConfig(out_dir="x", data_source="stdlib", attention="fpa", evict_threshold=bad)
 
 
-def test_trainer_setting_needs_fpa_layers():
-    with pytest.raises(ValueError, match="attention='fpa'"):
-        TrainConfig(out_dir="x", data_source="stdlib", attention="fox", evict_tau=4.0)
-    with pytest.raises(ValueError, match="FPA attention layers"):
+def test_trainer_setting_needs_fpa_or_fox_layers():
+    with pytest.raises(ValueError, match="attention='fpa' or 'fox'"):
+        TrainConfig(out_dir="x", data_source="stdlib", attention="softmax_rope", evict_threshold=4.0)
+    with pytest.raises(ValueError, match="FPA or FoX attention layers"):
         set_training_eviction(torch.nn.Linear(2, 2), 4.0)

@@ -6,11 +6,12 @@ import pytest
 import torch
 
 from fpa.layers.attention import FirstPassageAttention
+from fpa.layers.options import FPAOptions
 
 
 def _layer(**kw):
     torch.manual_seed(0)
-    return FirstPassageAttention(16, 2, mode="walk", **kw)
+    return FirstPassageAttention(16, 2, options=FPAOptions(mode="walk", **kw))
 
 
 def _increments(layer, x):

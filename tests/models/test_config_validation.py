@@ -7,14 +7,9 @@ import math
 import pytest
 
 from fpa.data import ByteTokenizer
+from fpa.layers import FPAOptions
 from fpa.models import FPAConfig
-from fpa.models.configuration_fpa import (
-    FIELDS,
-    FPA_PARAMETRISATION_CURRENT,
-    FPA_PARAMETRISATION_LEGACY,
-    FPA_PARAMETRISATIONS,
-    PRESETS,
-)
+from fpa.models.configuration_fpa import FIELDS, PRESETS
 from fpa.train import TrainConfig
 
 BAD: dict[object, list[object]] = {  # kind / rule -> bad values
@@ -24,18 +19,16 @@ BAD: dict[object, list[object]] = {  # kind / rule -> bad values
     ("real", "any"): [math.nan, math.inf, "1", True, None],
     ("real", ">0"): [0, -1, -1e-9, math.nan, math.inf, "1", True],
     ("real", ">=0"): [-1, -1e-9, math.nan, -math.inf, "0.1", False],
+    "fpa": ["walk", 1, [("mode", "walk")]],
+    "token": [-1, 1.0, "0", True, 10**6],
 }
 
 
 def _bad_values(name: str) -> list:
     kind, rule = FIELDS[name]
-    if name == "fpa_parametrisation":  # a choice of ints
-        return [0, 3, True, 2.0, "2", None]
     vals = BAD[(kind, rule)] if kind == "real" else BAD[kind]
-    # None means a default: num_key_value_heads = num_attention_heads; the parametrisation keys
-    # (FPA_PARAMETRISATION_CURRENT, or _LEGACY for a config.json that predates them)
-    defaulted = name == "num_key_value_heads" or name in FPA_PARAMETRISATION_CURRENT
-    return [v for v in vals if not (defaulted and v is None)]
+    # None means a default: num_key_value_heads = num_attention_heads
+    return [v for v in vals if not (name == "num_key_value_heads" and v is None)]
 
 
 def test_every_field_is_covered():
@@ -53,6 +46,15 @@ def test_bad_value_of_every_field_is_named(name):
             FPAConfig(**kw)
 
 
+def test_bad_fpa_options_name_the_option():
+    with pytest.raises(ValueError, match=r"FPAOptions.level_offset must be one of \('none', 'head', 'token'\)"):
+        FPAConfig(fpa={"level_offset": "Token"})
+    with pytest.raises(
+        ValueError, match=r"unknown keys in FPAConfig fpa: \['levl_offset'\].*did you mean 'level_offset'"
+    ):
+        FPAConfig(fpa={"levl_offset": "none"})
+
+
 def test_issue_examples():
     with pytest.raises(ValueError, match="qk_norm must be true or false.*'no'"):
         FPAConfig(qk_norm="no")
@@ -60,8 +62,8 @@ def test_issue_examples():
         FPAConfig(rope_theta=-1)
     with pytest.raises(ValueError, match="rms_norm_eps must be > 0, got -1"):
         FPAConfig(rms_norm_eps=-1)
-    with pytest.raises(ValueError, match="fpa_field_lr_multiplier must be >= 0"):
-        FPAConfig(fpa_field_lr_multiplier=-0.1)
+    with pytest.raises(ValueError, match=r"FPAOptions.field_lr_multiplier must be a number in \(0, 1000\]"):
+        FPAConfig(fpa={"field_lr_multiplier": -0.1})
 
 
 def test_good_values_accepted_and_round_trip(tmp_path):
@@ -69,15 +71,32 @@ def test_good_values_accepted_and_round_trip(tmp_path):
         qk_norm=True,
         rope_theta=500000,
         rms_norm_eps=1e-5,
-        fpa_field_lr_multiplier=0.0,
-        fpa_beta_init=-2.0,
+        fpa={"field_lr_multiplier": 0.1, "beta_init": -2.0, "level_offset": "token", "walk_increment": "gated"},
         initializer_range=0.0,
         num_key_value_heads=2,
-        attention="fox",
+        attention="fpa",
+        pad_token_id=0,
+        eos_token_id=256,
     )
     c.save_pretrained(tmp_path)
     d = FPAConfig.from_pretrained(tmp_path)
-    assert (d.qk_norm, d.rope_theta, d.fpa_field_lr_multiplier, d.num_key_value_heads) == (True, 500000, 0.0, 2)
+    assert (d.qk_norm, d.rope_theta, d.num_key_value_heads) == (True, 500000, 2)
+    assert isinstance(d.fpa, FPAOptions) and d.fpa == c.fpa  # the nested options, rebuilt exactly
+    assert (d.pad_token_id, d.bos_token_id, d.eos_token_id) == (0, None, 256)
+    assert d.to_dict() == {**c.to_dict(), "_name_or_path": d.to_dict()["_name_or_path"]}
+
+
+def test_token_ids_are_attributes_none_by_default():
+    """Like a transformers config: pad/bos/eos ids readable (None unless given), and generate's
+    generation config picks them up."""
+    from fpa.models import FPAForCausalLM
+
+    c = FPAConfig()
+    assert (c.pad_token_id, c.bos_token_id, c.eos_token_id) == (None, None, None)
+    m = FPAForCausalLM(FPAConfig(pad_token_id=256, eos_token_id=256, num_hidden_layers=1))
+    assert (m.generation_config.pad_token_id, m.generation_config.eos_token_id) == (256, 256)
+    with pytest.raises(ValueError, match=r"FPAConfig eos_token_id must be < vocab_size \(257\), got 257"):
+        FPAConfig(eos_token_id=257)
 
 
 def test_unknown_keys_listed_with_valid_ones():
@@ -88,6 +107,13 @@ def test_unknown_keys_listed_with_valid_ones():
     with pytest.raises(ValueError, match="did you mean 'qk_norm'"):
         FPAConfig(qk_nrom=True)  # a misspelt field passed directly
     FPAConfig(use_cache=True, torch_dtype="float32")  # transformers' own keys still pass
+    # a flat FPA option (an older spelling, or the layer's name) points to its nested spelling
+    for key in ("fpa_level_offset", "level_offset", "fpa_mode"):
+        opt = key.removeprefix("fpa_")
+        with pytest.raises(ValueError, match=rf"\['{key}'\].*did you mean \{{\"fpa\": \{{\"{opt}\": \.\.\.\}}\}}"):
+            FPAConfig(**{key: "none"})
+        with pytest.raises(ValueError, match=rf"model_overrides.*did you mean \{{\"fpa\": \{{\"{opt}\""):
+            TrainConfig(out_dir="x", model_overrides={key: "none"})
 
 
 def test_bad_config_json_fails_on_load(tmp_path):
@@ -116,6 +142,9 @@ def test_tiny_preset_fits_the_byte_tokenizer():
         ({"qk_norm": "no"}, "qk_norm must be true or false"),
         ({"rms_norm_eps": -1}, "rms_norm_eps must be > 0"),
         ({"attention": "fox"}, "set attention with the training config's own"),
+        ({"fpa": {"mode": "free"}}, "set the FPA mode with the training config's own 'fpa_mode' key"),
+        ({"fpa": {"level_offset": "sideways"}}, "FPAOptions.level_offset must be one of"),
+        ({"fpa": {"level_ofset": "head"}}, r"model_overrides fpa: \['level_ofset'\].*did you mean 'level_offset'"),
         ({"num_attention_heads": 3}, r"hidden_size \(128\) must be divisible by num_attention_heads \(3\)"),
     ],
 )
@@ -139,99 +168,11 @@ def test_train_config_checks_model_choices(kw, words):
         TrainConfig(out_dir="x", **kw)
 
 
-def test_parametrisation_defaults_new_config_and_legacy_config_json(tmp_path):
-    import json
-
-    new = FPAConfig(attention="fpa", fpa_mode="walk")
-    assert new.fpa_parametrisation == 2 and FPA_PARAMETRISATIONS == {
-        1: FPA_PARAMETRISATION_LEGACY,
-        2: FPA_PARAMETRISATION_CURRENT,
-    }
-    assert {k: getattr(new, k) for k in FPA_PARAMETRISATION_CURRENT} == FPA_PARAMETRISATION_CURRENT
-    new.save_pretrained(tmp_path / "new")
-    assert json.loads((tmp_path / "new" / "config.json").read_text())["fpa_parametrisation"] == 2
-    again = FPAConfig.from_pretrained(tmp_path / "new")
-    assert again.fpa_parametrisation == 2
-    assert {k: getattr(again, k) for k in FPA_PARAMETRISATION_CURRENT} == FPA_PARAMETRISATION_CURRENT
-    # a config.json written before the keys existed: the parametrisation it was trained with
-    d = json.loads((tmp_path / "new" / "config.json").read_text())
-    for k in [*FPA_PARAMETRISATION_CURRENT, "fpa_parametrisation"]:
-        d.pop(k)
-    (tmp_path / "old").mkdir()
-    (tmp_path / "old" / "config.json").write_text(json.dumps(d))
-    old = FPAConfig.from_pretrained(tmp_path / "old")
-    assert old.fpa_parametrisation == 1
-    assert {k: getattr(old, k) for k in FPA_PARAMETRISATION_LEGACY} == FPA_PARAMETRISATION_LEGACY
-    kw = old.attention_kwargs()
-    assert (kw["walk_increment"], kw["beta_activation"], kw["walk_bias_init"]) == ("linear", "softplus", 0.0)
-    # ... saved again, it names its version and reloads the same
-    old.save_pretrained(tmp_path / "resaved")
-    resaved = FPAConfig.from_pretrained(tmp_path / "resaved")
-    assert {k: getattr(resaved, k) for k in FIELDS} == {k: getattr(old, k) for k in FIELDS}
-
-
-def test_version_defaults_fill_only_the_keys_not_given():
-    """A dict without fpa_parametrisation is version 1, but what it names wins; FPAConfig(**kw)
-    never sniffs its arguments (transformers_version included): it is version 2 unless told."""
-    d = FPAConfig(fpa_mode="walk").to_dict()
-    del d["fpa_parametrisation"], d["fpa_beta_activation"], d["fpa_field_lr_multiplier"]
-    c = FPAConfig.from_dict(d)
-    assert c.fpa_parametrisation == 1
-    assert (c.fpa_walk_increment, c.fpa_level_offset, c.fpa_level_offset_init) == ("tanh", "head", 1.0)  # given
-    assert (c.fpa_beta_activation, c.fpa_field_lr_multiplier) == ("softplus", 0.1)  # version 1's defaults
-    assert FPAConfig(transformers_version="4.0.0", fpa_mode="walk").fpa_walk_increment == "tanh"
-    one = FPAConfig(fpa_parametrisation=1, fpa_mode="walk")
-    assert {k: getattr(one, k) for k in FPA_PARAMETRISATION_LEGACY} == FPA_PARAMETRISATION_LEGACY
-    two = FPAConfig.from_dict({**d, "fpa_parametrisation": 2})
-    assert (two.fpa_beta_activation, two.fpa_field_lr_multiplier) == ("exp", 1.0)
-
-
-def test_level_offset_values():
-    assert FPAConfig(fpa_mode="walk", fpa_level_offset="token").attention_kwargs()["level_offset"] == "token"
-    assert FPAConfig(fpa_mode="walk", fpa_level_offset="head").attention_kwargs()["level_offset"] == "head"
-    assert FPAConfig(fpa_mode="walk", fpa_level_offset="none").attention_kwargs()["level_offset"] == "none"
-    assert FPAConfig(fpa_mode="free", fpa_level_offset="none").attention_kwargs()["level_offset"] == "none"
-    for mode, val in (("free", "token"), ("free", "head")):
-        with pytest.raises(ValueError, match=f"fpa_level_offset='{val}' needs fpa_mode='walk'.*got fpa_mode='free'"):
-            FPAConfig(fpa_mode=mode, fpa_level_offset=val)
-    for bad in ("Token", 1, 0, "auto"):
-        with pytest.raises(ValueError, match=r"fpa_level_offset must be one of \('none', 'head', 'token'\)"):
-            FPAConfig(fpa_mode="walk", fpa_level_offset=bad)
-    for bad in (True, False):  # a bool is refused, with the string to use
-        with pytest.raises(ValueError, match=r"fpa_level_offset must be one of .* use 'none' \(was false\) or 'head'"):
-            FPAConfig(fpa_mode="walk", fpa_level_offset=bad)
-    # the default (None): a head offset starting at 1 in walk mode, none in free mode or for other attention
-    walk = FPAConfig(fpa_mode="walk")
-    assert (walk.fpa_level_offset, walk.fpa_level_offset_init) == ("head", 1.0)
-    assert walk.attention_kwargs()["level_offset"] == "head" and walk.attention_kwargs()["level_offset_init"] == 1.0
-    assert FPAConfig(fpa_mode="free").fpa_level_offset == "none"
-    assert FPAConfig(attention="fox").fpa_level_offset == "none"
-    FPAConfig(attention="fox", fpa_level_offset="token")  # an fpa_* key, unused by other attention types
-
-
-@pytest.mark.parametrize(
-    "saved, mode, loads",
-    [(False, "walk", "none"), (True, "walk", "head"), (False, "free", "none"), (True, "free", "none")],
-)
-def test_saved_boolean_level_offset_still_loads(tmp_path, saved, mode, loads):
-    """config.json files saved with fpa_level_offset false / true (before "none"/"head"/"token")
-    load as "none" / "head"; true in free mode was always ignored, so it loads as "none"."""
-    import json
-
-    FPAConfig(fpa_mode=mode).save_pretrained(tmp_path)
-    d = json.loads((tmp_path / "config.json").read_text())
-    (tmp_path / "config.json").write_text(json.dumps({**d, "fpa_level_offset": saved}))
-    c = FPAConfig.from_pretrained(tmp_path)
-    assert c.fpa_level_offset == loads and c.fpa_parametrisation == 2  # the file names its version
-
-
-def test_synth_and_train_take_the_config_names():
-    """One set of names: FPAConfig's fpa_* fields map to the layer's arguments by dropping "fpa_"."""
-    from fpa.layers import FirstPassageAttention
-    from fpa.layers.attention import FPA_CONFIG_FIELDS, config_layer_kwargs
-
-    assert set(FPA_CONFIG_FIELDS) == {k for k in FIELDS if k.startswith("fpa_")} - {"fpa_mode", "fpa_parametrisation"}
-    kw = config_layer_kwargs({k: getattr(FPAConfig(fpa_mode="walk"), k) for k in FPA_CONFIG_FIELDS})
-    FirstPassageAttention(16, 2, mode="walk", **kw)  # every mapped name is a layer argument
-    with pytest.raises(ValueError, match=r"unknown FPA arguments \['level_offset'\].*did you mean 'fpa_level_offset'"):
-        config_layer_kwargs({"level_offset": "none"})
+def test_train_config_nests_fpa_options_and_renamed_keys_point_to_the_new_ones():
+    cfg = TrainConfig(out_dir="x", fpa_mode="free", model_overrides={"fpa": {"beta_init": 1.0}})
+    assert cfg.model_config(257).fpa == FPAOptions(mode="free", beta_init=1.0)
+    with pytest.raises(ValueError, match="model_overrides fpa needs attention='fpa'"):
+        TrainConfig(out_dir="x", attention="fox", model_overrides={"fpa": {"beta_init": 1.0}})
+    for old, new in (("evict_tau", "evict_threshold"), ("live_reg_tau", "live_reg_threshold")):
+        with pytest.raises(ValueError, match=rf"\['{old}'\].*did you mean '{new}'"):
+            TrainConfig.from_dict({"out_dir": "x", old: 2.0})

@@ -28,7 +28,7 @@ def test_decode_steps_make_no_host_sync_in_the_model(att, mode, policy):
     if policy and att != "fpa":
         pytest.skip("FPAEviction serves FPA models only")
     torch.manual_seed(0)
-    m = FPAForCausalLM(FPAConfig(attention=att, fpa_mode=mode, num_key_value_heads=2)).cuda().eval()
+    m = FPAForCausalLM(FPAConfig(attention=att, fpa={"mode": mode}, num_key_value_heads=2)).cuda().eval()
     x = torch.randint(0, 257, (2, 40), device="cuda")
     mask = torch.ones(2, 40, dtype=torch.long, device="cuda")
     cache = FPACache(FPAEviction(4.0) if policy else None)

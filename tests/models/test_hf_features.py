@@ -232,20 +232,16 @@ def test_cache_refuses_another_model():
         fpa(x, past_key_values=cache, use_cache=True)  # the filling model still works
 
 
-def test_level_offset_true_in_a_saved_config_is_head(tmp_path):
-    """A config.json saved with fpa_level_offset true loads as "head": the same model, so a cache
-    filled by one serves the other (and gives the same logits); a "token" model is another model."""
-    import json
-
+def test_a_saved_head_offset_model_shares_its_cache_and_a_token_one_does_not(tmp_path):
+    """A saved and reloaded "head" offset model is the same model, so a cache filled by one serves
+    the other (and gives the same logits); a "token" model is another model."""
     from fpa.models import FPAForCausalLM
 
-    head = forgetful("fpa", "walk", fpa_level_offset="head")
+    head = forgetful("fpa", "walk", fpa={"level_offset": "head"})
     head.save_pretrained(tmp_path)
-    cfg = json.loads((tmp_path / "config.json").read_text())
-    (tmp_path / "config.json").write_text(json.dumps({**cfg, "fpa_level_offset": True}))
     old = FPAForCausalLM.from_pretrained(tmp_path).eval()
-    assert old.config.fpa_level_offset == "head"
-    token = forgetful("fpa", "walk", fpa_level_offset="token")
+    assert old.config.fpa == head.config.fpa and old.config.fpa.level_offset == "head"
+    token = forgetful("fpa", "walk", fpa={"level_offset": "token"})
     x = torch.tensor([[1, 2, 3, 4]])
     with torch.no_grad():
         a, b = FPACache(), FPACache()

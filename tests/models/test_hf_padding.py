@@ -34,7 +34,7 @@ def forgetful(att, mode, seed=0, **kw):
         num_key_value_heads=2,
         intermediate_size=48,
         attention=att,
-        fpa_mode=mode,
+        fpa={"mode": mode, **kw.pop("fpa", {})},
         pad_token_id=0,
         **kw,
     )

@@ -5,6 +5,7 @@ import torch
 from models_testing import MIN_GAP, scored
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from fpa.layers import FPAOptions
 from fpa.models import FPACache, FPAConfig, FPAForCausalLM, count_parameters
 
 TYPES = [
@@ -27,7 +28,7 @@ def tiny(att, mode, **kw):
         num_key_value_heads=2,
         intermediate_size=48,
         attention=att,
-        fpa_mode=mode,
+        fpa={"mode": mode, **kw.pop("fpa", {})},
         **kw,
     )
     return FPAForCausalLM(c).eval()
@@ -74,7 +75,9 @@ def test_cache_reexport_and_type_check():
 
 @pytest.mark.parametrize("att,mode", TYPES)
 def test_save_load(tmp_path, att, mode):
-    m = tiny(att, mode, output_gate=True, **({"fpa_level_offset": "head"} if (att, mode) == ("fpa", "walk") else {}))
+    m = tiny(
+        att, mode, output_gate=True, **({"fpa": {"level_offset": "head"}} if (att, mode) == ("fpa", "walk") else {})
+    )
     x = torch.randint(0, 37, (1, 6))
     m.save_pretrained(tmp_path)
     assert AutoConfig.from_pretrained(tmp_path).attention == att
@@ -86,20 +89,20 @@ def test_save_load(tmp_path, att, mode):
 
 
 def test_head_level_offset_init_reaches_the_layers_and_survives_save_load(tmp_path):
-    m = tiny("fpa", "walk", fpa_level_offset="head", fpa_level_offset_init=1.0)
+    m = tiny("fpa", "walk", fpa={"level_offset": "head", "level_offset_init": 1.0})
     assert all(b.attn.level_offset.tolist() == [1.0] * 4 for b in m.model.layers)  # not re-initialised
     with torch.no_grad():
         m.model.layers[0].attn.level_offset.fill_(0.25)  # a trained value, not the init, must load
     m.save_pretrained(tmp_path)
-    assert AutoConfig.from_pretrained(tmp_path).fpa_level_offset_init == 1.0
+    assert AutoConfig.from_pretrained(tmp_path).fpa.level_offset_init == 1.0
     m2 = AutoModelForCausalLM.from_pretrained(tmp_path)
     assert m2.model.layers[0].attn.level_offset.tolist() == [0.25] * 4
-    with pytest.raises(ValueError, match="fpa_level_offset_init must be a finite number"):
-        FPAConfig(fpa_level_offset_init=math.nan)
+    with pytest.raises(ValueError, match="FPAOptions.level_offset_init must be a finite number"):
+        FPAConfig(fpa={"level_offset_init": math.nan})
 
 
 def test_save_load_keeps_a_token_level_offset(tmp_path):
-    m = tiny("fpa", "walk", fpa_level_offset="token", fpa_level_offset_bias_init=-1.0)
+    m = tiny("fpa", "walk", fpa={"level_offset": "token", "level_offset_bias_init": -1.0})
     assert all(b.attn.level_offset_kind == "token" for b in m.model.layers)
     assert m.model.layers[0].attn.level_offset_proj.bias.tolist() == [-1.0] * 4
     with torch.no_grad():  # offsets far from their initial values, so a re-initialised one shows
@@ -109,7 +112,7 @@ def test_save_load_keeps_a_token_level_offset(tmp_path):
     x = torch.randint(0, 37, (2, 12))
     m.save_pretrained(tmp_path)
     c = AutoConfig.from_pretrained(tmp_path)
-    assert (c.fpa_level_offset, c.fpa_level_offset_bias_init) == ("token", -1.0)
+    assert (c.fpa.level_offset, c.fpa.level_offset_bias_init) == ("token", -1.0)
     m2 = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
     with torch.no_grad():
         assert torch.equal(m(x).logits, m2(x).logits)
@@ -118,75 +121,18 @@ def test_save_load_keeps_a_token_level_offset(tmp_path):
         assert not torch.allclose(m(x).logits, m2(x).logits, atol=1e-3)
 
 
-def test_config_json_without_the_level_offset_keys_loads_the_same_model(tmp_path):
-    """A config.json saved before "token", fpa_level_offset_bias_init and fpa_parametrisation
-    existed (a bool offset: false = "none", true = "head")."""
+def test_config_json_with_a_flat_fpa_key_is_refused_naming_the_nested_spelling(tmp_path):
+    """FPA options live under "fpa" in config.json; a flat ``fpa_level_offset`` (an older
+    spelling) fails on load with a did-you-mean, instead of loading another model."""
     import json
 
-    x = torch.randint(0, 37, (1, 9))
-    for offset, saved in (("none", False), ("head", True)):
-        m = tiny("fpa", "walk", fpa_level_offset=offset)
-        m.save_pretrained(tmp_path / offset)
-        path = tmp_path / offset / "config.json"
-        d = json.loads(path.read_text())
-        d.pop("fpa_level_offset_bias_init")
-        d.pop("fpa_parametrisation")
-        path.write_text(json.dumps({**d, "fpa_level_offset": saved}))
-        m2 = AutoModelForCausalLM.from_pretrained(tmp_path / offset).eval()
-        assert m2.config.fpa_level_offset == offset and m2.config.fpa_parametrisation == 1
-        attn = m2.model.layers[0].attn
-        assert attn.level_offset_proj is None and (attn.level_offset is not None) == saved
-        with torch.no_grad():
-            assert torch.equal(m(x).logits, m2(x).logits)
-
-
-def test_decode_steps_read_no_values_off_the_cpu():
-    """On a decode step (the cache holds tokens) neither the id check nor the mask reads a value
-    from a tensor off the CPU (each read would be a host sync): tensors on the "meta" device, whose
-    values cannot be read, pass through. The first call of a sequence still checks (CPU here)."""
-    from fpa.models.modeling_fpa import _new_token_mask
-
-    m = tiny("fpa", "walk")
-    ids, mask = torch.zeros(2, 1, dtype=torch.long, device="meta"), torch.ones(2, 5, device="meta")
-    m.model._check_input_ids(ids)
-    m.model._check_id_values(ids, continuing=True)
-    assert _new_token_mask(mask, 2, 1, 4, "meta").shape == (2, 1)
-    assert _new_token_mask(torch.ones(2, 3), 2, 3, 0, "cpu") is None  # first call: the unmasked fast path
-    with pytest.raises(ValueError, match=r"input_ids must lie in \[0, vocab_size=37\), got values in \[0, 40\]"):
-        m(torch.tensor([[0, 40]]))
-    cache = FPACache()
-    with torch.no_grad():
-        m(torch.tensor([[1, 2]]), past_key_values=cache, use_cache=True)
-        with pytest.raises(ValueError, match="input_ids must lie in"):  # on the CPU a decode step checks too
-            m(torch.tensor([[37]]), past_key_values=cache, use_cache=True)
-
-
-def test_decode_with_an_all_ones_mask_equals_no_mask():
-    """Continuation calls keep an all-ones mask (no value read): the same logits as without it."""
-    for att, mode in TYPES:
-        m = tiny(att, mode)
-        x = torch.randint(0, 37, (2, 7))
-        outs = []
-        for mask in (None, torch.ones(2, 7, dtype=torch.long)):
-            cache, parts = FPACache(), []
-            with torch.no_grad():
-                for a, b in ((0, 4), (4, 5), (5, 7)):
-                    kw = {} if mask is None else {"attention_mask": mask[:, :b]}
-                    parts.append(m(x[:, a:b], past_key_values=cache, use_cache=True, **kw).logits)
-            outs.append(torch.cat(parts, 1))
-        # two paths (the masked one adds a few element-wise ops that leave every value as it is):
-        # measured max |difference| 0; tolerance 1e-6, 8 float32 ulps of logits of magnitude ~1
-        torch.testing.assert_close(outs[0], outs[1], atol=1e-6, rtol=0)
-
-
-def test_loss():
-    m = tiny("fpa", "free")
-    x = torch.randint(0, 37, (2, 6))
-    out = m(x, labels=x, return_per_token_loss=True)
-    tok = out["per_token_loss"]
-    assert tok.shape == (2, 5)
-    assert torch.allclose(out.loss, tok.mean())
-    out.loss.backward()
+    tiny("fpa", "walk").save_pretrained(tmp_path)
+    path = tmp_path / "config.json"
+    d = json.loads(path.read_text())
+    assert d["fpa"] == FPAOptions().to_dict()
+    path.write_text(json.dumps({**d, "fpa_level_offset": "head"}))
+    with pytest.raises(ValueError, match=r"'fpa_level_offset' \(did you mean \{\"fpa\": \{\"level_offset\""):
+        AutoModelForCausalLM.from_pretrained(tmp_path)
 
 
 @pytest.mark.parametrize(
@@ -194,7 +140,8 @@ def test_loss():
     [
         (dict(hidden_size=30, num_attention_heads=4), "hidden_size"),
         (dict(attention="linear"), "attention"),
-        (dict(fpa_mode="bogus"), "fpa_mode"),
+        (dict(fpa={"mode": "bogus"}), "FPAOptions.mode"),
+        (dict(fpa_mode="walk"), "fpa_mode"),
         (dict(vocab_size=-1), "vocab_size"),
         (dict(num_hidden_layers=0), "num_hidden_layers"),
         (dict(num_attention_heads=4, num_key_value_heads=3), "num_key_value_heads"),

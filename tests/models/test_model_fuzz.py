@@ -42,7 +42,7 @@ def model(attention: str, mode: str) -> FPAForCausalLM:
         num_key_value_heads=1,
         intermediate_size=32,
         attention=attention,
-        fpa_mode=mode,
+        fpa={"mode": mode},
     )
     return FPAForCausalLM(cfg).eval()
 

@@ -15,9 +15,9 @@ import torch._dynamo as dynamo
 from fpa.layers.attention import TransformerBlock
 from fpa.models import FPAConfig, FPAForCausalLM
 
-TYPES = [("fpa", {"fpa_mode": "walk"}), ("fpa", {"fpa_mode": "free"}), ("fox", {})]
+TYPES = [("fpa", {"fpa": {"mode": "walk"}}), ("fpa", {"fpa": {"mode": "free"}}), ("fox", {})]
 IDS = ["fpa-walk", "fpa-free", "fox"]
-BLOCK_TYPES = TYPES + [("fpa", {"fpa_mode": "walk", "level_offset": "token"})]  # make_attention's arguments
+BLOCK_TYPES = TYPES + [("fpa", {"fpa": {"mode": "walk", "level_offset": "token"}})]  # make_attention's arguments
 
 
 def _grads(f, x: torch.Tensor, params: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -45,7 +45,7 @@ def test_model_graph_breaks_are_outside_attention():
     """The whole model under dynamo: any graph break must come from outside the attention code."""
     dynamo.reset()
     torch.manual_seed(0)
-    model = FPAForCausalLM(FPAConfig.from_preset("tiny", attention="fpa", fpa_mode="walk", num_hidden_layers=2))
+    model = FPAForCausalLM(FPAConfig.from_preset("tiny", attention="fpa", fpa={"mode": "walk"}, num_hidden_layers=2))
     ids = torch.randint(0, model.config.vocab_size, (2, 48))
     explained = dynamo.explain(lambda i: model(input_ids=i, labels=i).loss)(ids)
     for br in explained.break_reasons:

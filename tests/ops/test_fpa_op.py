@@ -215,7 +215,7 @@ def test_property_chunked_equals_reference(B, Hkv, groups, Tk, dq, D, chunk, sca
     compare(xs, "chunked", chunk_size=chunk, **F64)
 
 
-# ---- properties of the penalty (FPA.md section 3) ----
+# ---- properties of the penalty (docs/fpa.md, "Properties") ----
 
 
 @settings(max_examples=30, deadline=None)

@@ -50,45 +50,6 @@ def test_interpreter_suite():
     assert r.returncode == 0, f"interpreter run failed:\n{r.stdout[-8000:]}\n{r.stderr[-3000:]}"
 
 
-_INT_ARGS = ("Tq", "Tk", "pad", "nP", "nQ", "nK", "Hq", "G", "D", "Dv")
-_IO_ARGS = ("Q", "K", "V", "OUT", "DO", "DQ", "DK", "DV")
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("dtype, block", [("bf16", 64), ("fp32", 32)])
-def test_compiles_for_sm90(dtype, block):
-    """Compiled mode type-checks what the interpreter does not (e.g. names reassigned in loops keep
-    their type): compile the three kernels for sm_90 on the CPU, no GPU needed (about 20-60 s)."""
-    if IN_INTERPRETER:
-        pytest.skip("compiling needs the non-interpreted kernels (run without TRITON_INTERPRET)")
-    tl = pytest.importorskip("triton.language")
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    from fpa.ops.fpa import triton_kernels as kernels
-
-    acc = "fp32"
-    consts = dict(BLOCK=block, BD=128, BDV=128, ACC=tl.float32, PREC="ieee" if dtype == "fp32" else None, UPCAST=False)
-    for fn in (kernels._fwd_kernel, kernels._bwd_dq_kernel, kernels._bwd_dkdv_kernel):
-        sig = {}
-        for name, param in zip(fn.arg_names, fn.params):
-            if param.is_constexpr:
-                sig[name] = "constexpr"
-            else:
-                sig[name] = (
-                    "fp32"
-                    if name == "scale"
-                    else "i32"
-                    if name in _INT_ARGS
-                    else "*i32"
-                    if name == "NSKIP"
-                    else "*" + dtype
-                    if name in _IO_ARGS
-                    else "*" + acc
-                )
-        triton.compile(ASTSource(fn, signature=sig, constexprs=consts), target=GPUTarget("cuda", 90, 32))
-
-
 def test_interpreter_flag_honoured():
     from triton.runtime.interpreter import InterpretedFunction
 
@@ -322,7 +283,7 @@ def test_cpu_refused_without_interpreter(monkeypatch):
         first_passage_attention(xs["q"], xs["k"], xs["v"], xs["field"], xs["level"], backend="triton")
 
 
-if not IN_INTERPRETER:  # only the subprocess runner (and the slow compile check) is collected here
-    _keep = ("test_interpreter_suite", "test_compiles_for_sm90")
+if not IN_INTERPRETER:  # only the subprocess runner is collected here (compiling: test_triton_aot.py)
+    _keep = ("test_interpreter_suite",)
     for _name in [n for n in globals() if n.startswith("test_") and n not in _keep]:
         del globals()[_name]

@@ -44,7 +44,7 @@ def test_free_mode_cannot_prefer_the_live_key_in_both_orders():
     for seed in range(200):
         torch.manual_seed(seed)
         hidden = 8
-        layer = make_attention("fpa", hidden, 1, head_dim=4, fpa_mode="free")
+        layer = make_attention("fpa", hidden, 1, head_dim=4, fpa={"mode": "free"})
         scale = [0.1, 1.0, 5.0, 20.0][seed % 4]  # small to large fields, levels and logits
         with torch.no_grad():
             for p in layer.parameters():

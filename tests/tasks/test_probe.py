@@ -20,8 +20,8 @@ from fpa.tasks.probe import attention_probs, layer_output
 )
 def test_probs_reproduce_layer_output(method, d, heads, T, seed):
     torch.manual_seed(seed)
-    attention, kw = METHODS[method]
-    layer = make_attention(attention, 6, heads, head_dim=d, **kw)
+    attention, fpa = METHODS[method]
+    layer = make_attention(attention, 6, heads, head_dim=d, fpa=fpa)
     with torch.no_grad():  # make the field/level/gate heads matter (they start near zero)
         for name, p in layer.named_parameters():
             if any(s in name for s in ("field", "level", "increment", "fgate")):
@@ -37,7 +37,7 @@ def test_probs_reproduce_layer_output(method, d, heads, T, seed):
 def test_probe_sees_the_penalty():
     """A changed field must change the FPA probabilities (the probe does not ignore the op's bias)."""
     torch.manual_seed(0)
-    layer = make_attention("fpa", 6, 1, head_dim=2, fpa_mode="walk")
+    layer = make_attention("fpa", 6, 1, head_dim=2, fpa={"mode": "walk"})
     x = torch.randn(1, 8, 6)
     p0, _ = attention_probs(layer, x)
     with torch.no_grad():
@@ -90,7 +90,7 @@ def test_last_row_equals_full(method, T, seed):
     torch.testing.assert_close(model.readout_last(layer_output(model.attn, last, v)), model(tok))
 
 
-@pytest.mark.parametrize("method", ["fpa_walk", "fox", "softmax_alibi"])
+@pytest.mark.parametrize("method", ["fpa-walk", "fox", "softmax-alibi"])
 def test_readout_all_and_per_model_clipping(method):
     """readout_all's last column is forward(); clipping scales each model's gradient on its own."""
     torch.manual_seed(2)

@@ -22,7 +22,7 @@ def _model(attention="fpa", mode="walk", **kw):
         num_key_value_heads=2,
         intermediate_size=64,
         attention=attention,
-        fpa_mode=mode,
+        fpa={"mode": mode, **kw.pop("fpa", {})},
         **kw,
     )
     return FPAForCausalLM(cfg)
@@ -33,7 +33,7 @@ def _model(attention="fpa", mode="walk", **kw):
 )
 def test_field_parameters_get_the_multiplier(mode, heads):
     assert {g["lr_multiplier"] for g in parameter_groups(_model(mode=mode), 0.1)} == {1.0}  # the default
-    model = _model(mode=mode, fpa_field_lr_multiplier=0.1)
+    model = _model(mode=mode, fpa={"field_lr_multiplier": 0.1})
     groups = parameter_groups(model, weight_decay=0.1)
     by_id = {id(p): g for g in groups for p in g["params"]}
     assert sum(len(g["params"]) for g in groups) == len(list(model.parameters()))
@@ -46,10 +46,10 @@ def test_field_parameters_get_the_multiplier(mode, heads):
 
 def test_other_attention_types_and_an_explicit_multiplier():
     assert {g["lr_multiplier"] for g in parameter_groups(_model("fox"), 0.1)} == {1.0}
-    assert {g["lr_multiplier"] for g in parameter_groups(_model(fpa_field_lr_multiplier=1.0), 0.1)} == {1.0}
-    assert {g["lr_multiplier"] for g in parameter_groups(_model(fpa_field_lr_multiplier=0.5), 0.1)} == {0.5, 1.0}
+    assert {g["lr_multiplier"] for g in parameter_groups(_model(fpa={"field_lr_multiplier": 1.0}), 0.1)} == {1.0}
+    assert {g["lr_multiplier"] for g in parameter_groups(_model(fpa={"field_lr_multiplier": 0.5}), 0.1)} == {0.5, 1.0}
     with pytest.raises(ValueError, match="field_lr_multiplier"):
-        _model(fpa_field_lr_multiplier=0.0)
+        _model(fpa={"field_lr_multiplier": 0.0})
 
 
 def test_trainer_applies_the_multiplier_per_group(tiny_cfg, monkeypatch):
@@ -70,7 +70,7 @@ def test_trainer_applies_the_multiplier_per_group(tiny_cfg, monkeypatch):
             warmup_steps=1,
             seq_len=128,
             eval_every=3,
-            model_overrides={**cfg.model_overrides, "fpa_field_lr_multiplier": 0.1},
+            model_overrides={**cfg.model_overrides, "fpa": {"field_lr_multiplier": 0.1}},
         )
     )
     for pairs in seen:

@@ -18,7 +18,7 @@ def _model(attention="fpa"):
         num_key_value_heads=2,
         intermediate_size=64,
         attention=attention,
-        fpa_mode="walk",
+        fpa={"mode": "walk"},
     )
     return FPAForCausalLM(cfg)
 
@@ -27,7 +27,7 @@ def test_penalty_is_the_soft_live_fraction_and_has_gradients():
     model = _model().train()
     for layer in model.model.layers:
         layer.attn.increment_proj.weight.data.normal_(0, 0.5)
-    reg = LiveFractionRegularizer(model, weight=2.0, tau=1.0, temperature=0.1)
+    reg = LiveFractionRegularizer(model, weight=2.0, threshold=1.0, temperature=0.1)
     x = torch.randint(0, 257, (2, 24))
     model(input_ids=x)
     pen = reg.penalty()
@@ -60,14 +60,14 @@ def test_penalty_is_the_soft_live_fraction_and_has_gradients():
 
 
 def test_bad_arguments_and_models():
-    with pytest.raises(ValueError, match="tau"):
-        LiveFractionRegularizer(_model(), weight=1.0, tau=0.0)
+    with pytest.raises(ValueError, match="threshold must be a positive number"):
+        LiveFractionRegularizer(_model(), weight=1.0, threshold=0.0)
     with pytest.raises(ValueError, match="FPA attention"):
-        LiveFractionRegularizer(_model("fox"), weight=1.0, tau=1.0)
+        LiveFractionRegularizer(_model("fox"), weight=1.0, threshold=1.0)
 
 
 def test_trainer_uses_it(tiny_cfg):
-    summary = train(tiny_cfg(attention="fpa", fpa_mode="walk", steps=2, live_reg=0.5, live_reg_tau=4.0))
+    summary = train(tiny_cfg(attention="fpa", fpa_mode="walk", steps=2, live_reg=0.5, live_reg_threshold=4.0))
     assert summary["steps"] == 2
     with pytest.raises(ValueError, match="live_reg needs attention='fpa'"):
         tiny_cfg(attention="fox", live_reg=0.5)

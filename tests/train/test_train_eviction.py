@@ -1,4 +1,4 @@
-"""``fpa train --evict-tau``: the trainer trains FPA under its eviction rule, and its evaluations
+"""``fpa train --evict-threshold``: the trainer trains FPA under its eviction rule, and its evaluations
 (held-out loss, the passkey probe) measure the model under it too."""
 
 import pytest
@@ -14,14 +14,14 @@ def test_trainer_trains_through_the_evicting_attention(tiny_cfg, monkeypatch):
     real = first_passage.evicting_attention
 
     def counting(*args, **kw):
-        calls.append(args[3].shape)  # the bias (B, H, T, T)
+        calls.append(args[3].shape)  # the field (B, H, T)
         return real(*args, **kw)
 
     monkeypatch.setattr(first_passage, "evicting_attention", counting)
-    summary = train(tiny_cfg(attention="fpa", fpa_mode="walk", steps=2, eval_every=2, evict_tau=2.0))
+    summary = train(tiny_cfg(attention="fpa", fpa_mode="walk", steps=2, eval_every=2, evict_threshold=2.0))
     assert summary["steps"] == 2 and summary["final_train_loss"] is not None
     # 2 layers x 2 steps in training, then the held-out evaluation at step 2 (eval mode) under the rule too
-    assert len(calls) > 4 and calls[0] == (4, 2, 65, 65)  # a window is seq_len + 1 tokens (labels = inputs)
+    assert len(calls) > 4 and calls[0] == (4, 2, 65)  # a window is seq_len + 1 tokens (labels = inputs)
 
 
 def test_eviction_starts_at_evict_from_step_also_after_a_resume(tiny_cfg, monkeypatch):
@@ -35,29 +35,42 @@ def test_eviction_starts_at_evict_from_step_also_after_a_resume(tiny_cfg, monkey
     )
     train(
         tiny_cfg(
-            attention="fpa", fpa_mode="walk", steps=4, ckpt_every=2, eval_every=4, evict_tau=2.0, evict_from_step=3
+            attention="fpa",
+            fpa_mode="walk",
+            steps=4,
+            ckpt_every=2,
+            eval_every=4,
+            evict_threshold=2.0,
+            evict_from_step=3,
         )
     )
     assert len(calls) == 2  # step 3 only, 2 layers
     calls.clear()
     train(
         tiny_cfg(
-            attention="fpa", fpa_mode="walk", steps=6, ckpt_every=2, eval_every=4, evict_tau=2.0, evict_from_step=3
+            attention="fpa",
+            fpa_mode="walk",
+            steps=6,
+            ckpt_every=2,
+            eval_every=4,
+            evict_threshold=2.0,
+            evict_from_step=3,
         )
     )  # resumes at step 4: eviction on from the start
     assert len(calls) == 4
-    with pytest.raises(ValueError, match="evict_from_step is 3 but evict_tau is not set"):
+    with pytest.raises(ValueError, match="evict_from_step is 3 but evict_threshold is not set"):
         tiny_cfg(attention="fpa", evict_from_step=3)
 
 
 def test_resume_with_another_threshold_is_refused(tiny_cfg):
-    train(tiny_cfg(attention="fpa", fpa_mode="walk", steps=4, evict_tau=2.0))
-    with pytest.raises(ValueError, match=r"settings differ.*'evict_tau': \(2.0, 4.0\)"):
-        train(tiny_cfg(attention="fpa", fpa_mode="walk", steps=6, evict_tau=4.0))
+    train(tiny_cfg(attention="fpa", fpa_mode="walk", steps=4, evict_threshold=2.0))
+    with pytest.raises(ValueError, match=r"settings differ.*'evict_threshold': \(2.0, 4.0\)"):
+        train(tiny_cfg(attention="fpa", fpa_mode="walk", steps=6, evict_threshold=4.0))
 
 
 def test_cli_flag_is_a_float_and_bad_values_are_clean_errors(tmp_path, capsys):
-    assert main(["train", "--out-dir", str(tmp_path / "r"), "--attention", "fox", "--evict-tau", "2"]) == 2
-    assert "evict_tau needs attention='fpa'" in capsys.readouterr().err
-    assert main(["train", "--out-dir", str(tmp_path / "r"), "--attention", "fpa", "--evict-tau", "-1"]) == 2
-    assert "evict_tau must be a finite number >= 0" in capsys.readouterr().err
+    args = ["train", "--out-dir", str(tmp_path / "r"), "--attention", "softmax_rope", "--evict-threshold", "2"]
+    assert main(args) == 2
+    assert "evict_threshold needs attention='fpa' or 'fox'" in capsys.readouterr().err
+    assert main(["train", "--out-dir", str(tmp_path / "r"), "--attention", "fpa", "--evict-threshold", "-1"]) == 2
+    assert "evict_threshold must be a finite number >= 0" in capsys.readouterr().err

@@ -7,8 +7,8 @@ The path a long-context evaluation takes::
     policy = FPAEviction(threshold=8.0)             # or SlidingWindow(budget=256), TOVA(256), ...
     cache = FPACache(policy)
     out = generate(model, prompt_ids, cache, max_new_tokens=8, chunk_size=512)
-    # = model.generate(prompt_ids, past_key_values=cache, prefill_chunk_size=512,
-    #                  max_new_tokens=8, do_sample=False)   (transformers >= 5.3: cache=cache)
+    # = model.generate(prompt_ids, cache=cache, prefill_chunk_size=512,
+    #                  max_new_tokens=8, do_sample=False)   (transformers 5.2: past_key_values=cache)
     policy.kept_fraction                            # keys held / keys seen (also cache.kept_fraction())
     cache.bytes_held()                              # bytes actually allocated
     cache.bytes_live()                              # bytes of the kept keys alone

@@ -91,7 +91,7 @@ class _ThresholdEviction(Policy):
     """A threshold rule. ``within_chunks=True`` also applies it inside each forward call: query i
     of a multi-token call (a prefill chunk) does not see a key the rule would have evicted after
     query i - 1 had the tokens come one by one, so chunked prefill computes exactly what
-    token-by-token decoding under the rule does (and what ``fpa train --evict-tau`` trains). The
+    token-by-token decoding under the rule does (and what ``fpa train --evict-threshold`` trains). The
     default evicts after each call only (keys evicted within a chunk stay visible to it)."""
 
     kind = ""

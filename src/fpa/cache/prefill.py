@@ -39,7 +39,7 @@ def generate(
     """Greedy ``model.generate`` with ``cache``, the prompt prefilled in chunks of ``chunk_size``
     tokens (the policy running after each chunk, as ``prefill`` does).
 
-    Exactly ``model.generate(input_ids, attention_mask=..., past_key_values=cache,
+    Exactly ``model.generate(input_ids, attention_mask=..., cache=cache,
     prefill_chunk_size=chunk_size, max_new_tokens=..., do_sample=False)``: the helper and
     ``model.generate`` agree for every policy when given the same ``prefill_chunk_size``; without
     it ``model.generate`` feeds the whole prompt in one call and the policy runs once, after it.

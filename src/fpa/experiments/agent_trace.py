@@ -1,9 +1,9 @@
 """Memory bounded by nesting depth: a one-head FPA walk decoding a long agent-like trace.
 
 An agent session is a long log of tool calls that open and return, with many observations in
-between; what matters at any moment is the stack of open calls (FPA.md P3). The experiment:
+between; what matters at any moment is the stack of open calls (docs/fpa.md, "Properties", P3). The experiment:
 
-1. ``train_walk_head``: a one-layer, one-head ``fpa_walk`` model (``fpa.tasks.packed``) trained on
+1. ``train_walk_head``: a one-layer, one-head ``fpa-walk`` model (``fpa.tasks.packed``) trained on
    the ``calls`` task (``fpa.tasks.nested``): tokens call A/B (0/1), return (2/3), observation (4/5),
    dense supervision (the answer after every prefix: the fraction of open calls that are to tool
    B, ``CallsTask.prefix_answers``). Training sequences are short (a few dozen tokens).
@@ -34,6 +34,7 @@ from torch import Tensor, nn
 from fpa.cache import FPACache, Policy
 from fpa.experiments.capacity import SynthRecipe, lr_factor
 from fpa.layers.attention import FirstPassageAttention
+from fpa.layers.options import FPAOptions
 from fpa.tasks.nested import CallsTask, sample_walk
 from fpa.tasks.packed import PackedModels
 
@@ -47,8 +48,8 @@ _TRACE_BETA_INIT = math.log(math.log(2.0))
 
 class TokenOffsetWalk(FirstPassageAttention):
     """The library walk with a per-token level offset, as this experiment trains it:
-    ``FirstPassageAttention(mode="walk", level_offset="token", walk_increment="linear",
-    beta_activation="softplus")``, so level_t = field_t + softplus(u . x_t + c) (docs/fpa.md,
+    ``FirstPassageAttention(options=FPAOptions(mode="walk", level_offset="token",
+    walk_increment="linear", beta_activation="softplus"))``, so level_t = field_t + softplus(u . x_t + c) (docs/fpa.md,
     "Level offset"), with the experiment's initial values (beta 0.527, offset bias
     ``offset_bias_init``).
 
@@ -69,14 +70,16 @@ class TokenOffsetWalk(FirstPassageAttention):
         super().__init__(
             hidden_size,
             num_heads,
-            mode="walk",
             head_dim=head_dim,
-            walk_increment="linear",
-            beta_activation="softplus",
-            beta_init=_TRACE_BETA_INIT,
-            level_offset="token",
-            level_offset_bias_init=offset_bias_init,
-            field_init_std=field_init_std,
+            options=FPAOptions(
+                mode="walk",
+                walk_increment="linear",
+                beta_activation="softplus",
+                beta_init=_TRACE_BETA_INIT,
+                level_offset="token",
+                level_offset_bias_init=offset_bias_init,
+                field_init_std=field_init_std,
+            ),
         )
         # replay the original layer's draws from the same state: q, k, v, o (their values again),
         # an unused increment head (nn.Linear's init, then normal), its step and offset heads
@@ -117,12 +120,12 @@ class OneHotHead(nn.Module):
 
 
 def make_head(variant: str, dim: int, embed_dim: int, layer_kwargs: dict | None = None) -> PackedModels:
-    """One one-head model: ``variant`` "walk" (the library's fpa_walk layer, ``layer_kwargs`` passed
+    """One one-head model: ``variant`` "walk" (the library's fpa-walk layer, ``layer_kwargs`` passed
     to it) or "walk+offset" (TokenOffsetWalk, the library walk with level_offset="token", in place of
     the attention layer: one packed model, so the block-diagonal packing is the identity)."""
     # "walk" is the walk with level = field (no offset), as the committed benchmark ran it
     kw = {"level_offset": "none", **(layer_kwargs or {})} if variant == "walk" else layer_kwargs
-    model = PackedModels("fpa_walk", 1, CallsTask.vocab_size, dim, embed_dim, layer_kwargs=kw)
+    model = PackedModels("fpa-walk", 1, CallsTask.vocab_size, dim, embed_dim, layer_kwargs=kw)
     if variant == "walk+offset":
         model.attn = TokenOffsetWalk(embed_dim, 1, dim)
     elif variant != "walk":
@@ -223,7 +226,7 @@ def train_walk_head(
     variant: str = "walk",
     layer_kwargs: dict | None = None,
 ) -> tuple[PackedModels, list[float]]:
-    """A one-layer one-head fpa_walk model trained on calls sequences (depth at the end m in
+    """A one-layer one-head fpa-walk model trained on calls sequences (depth at the end m in
     1..m_max, ``obs_weight`` observations per push or pop, length (m + 16) * length_factor), dense
     loss in tolerance units, Adam with warm-up and cosine decay (``fpa.experiments.capacity``).
     Returns the model and the loss every 10 steps."""

@@ -1,5 +1,10 @@
 """Stage outputs of a reported ``fpa reproduce`` preset -> the results dict: every seed's own
-figures, means with min and max, the eviction tables and the paired analysis of the core methods."""
+figures, means with min and max, the eviction tables and the paired analysis of the core arms.
+
+"As served": a model trained without a rule with the full cache; a model trained under a
+threshold rule under that rule (fpa.experiments.stage_fns.served_rule). "Own rule": each core
+arm's threshold rule at its frozen threshold (a rule-trained arm's is its training rule).
+"""
 
 from __future__ import annotations
 
@@ -12,11 +17,12 @@ from typing import Any
 import numpy as np
 
 from fpa.experiments.analysis import paired
+from fpa.experiments.methods import CONTROL, RULE_ARM
 from fpa.experiments.presets import ReproducePreset
 
-CONTROL = 0.9  # the 1x positive control: full-cache passkey accuracy at the training length
 LOSSLESS_FULL = 0.9  # "lossless" is only judged where the full cache itself reaches this
-PAIR = ("fpa-walk", "fox")
+# the paired comparisons of the core arms, each (a, b) reported as a - b
+PAIRS = ((RULE_ARM, "fox"), ("fpa-walk", "fox"), (RULE_ARM, "fpa-walk"))
 
 
 def _spread(values) -> dict:
@@ -40,7 +46,7 @@ def _seed_entry(p: ReproducePreset, r: dict, trained: dict, evaluated: dict, rid
         "loss_by_multiple": lo["by_multiple"],
         "passkey_by_multiple": acc,
         "passkey_grid": pk["accuracy"],
-        "control_pass": acc["1"] >= CONTROL,
+        "control_pass": acc["1"] >= CONTROL if "1" in acc else None,
         "train": {k: t.get(k) for k in ("tokens_per_s", "val_loss", "final_train_loss", "task_loss_curve")},
     }
     e["train"]["task_loss_curve"] = [
@@ -49,7 +55,7 @@ def _seed_entry(p: ReproducePreset, r: dict, trained: dict, evaluated: dict, rid
     if f"evict-{rid}" in evaluated:
         ev, gr = evaluated[f"evict-{rid}"], evaluated[f"growth-{rid}"]
         e["eviction"] = {
-            "tau": ev["tau"],
+            "threshold": ev["threshold"],
             "kept_fraction": _by_multiple([np.mean(k) for k in ev["rule"]["kept_fraction"]], p),
             "accuracy": _by_multiple(ev["rule"]["accuracy_by_length"], p),
             "window_accuracy": _by_multiple(ev["window"]["accuracy_by_length"], p),
@@ -89,7 +95,7 @@ def _eviction(p: ReproducePreset, seeds: list[dict]) -> dict:
         "kept_keys": np.mean([s["eviction"]["growth"]["kept_keys"] for s in seeds], 0).tolist(),
     }
     return {
-        "tau": seeds[0]["eviction"]["tau"],
+        "threshold": seeds[0]["eviction"]["threshold"],
         "by_multiple": by,
         "keys_growth_exponent": float(np.nanmean(exps)),
         "keys_growth_exponent_by_seed": exps,
@@ -97,21 +103,32 @@ def _eviction(p: ReproducePreset, seeds: list[dict]) -> dict:
     }
 
 
-def tuning_summary(p: ReproducePreset) -> dict:
-    """What this preset froze from its tuning run, and the tuning run's selection table if the
-    folder named by ``tuning_source`` holds one."""
-    out = {
+def tuning_summary(p: ReproducePreset, ran: set[str] | None = None) -> dict:
+    """What this preset froze from its tuning run for the core arms in ``ran`` (default: all), and
+    the tuning run's selection table if the folder named by ``tuning_source`` holds one
+    ("recipe_matches": whether that run trained this preset's recipe)."""
+    out: dict[str, Any] = {
         "seeds": list(p.tuning_seeds),
         "source": p.tuning_source,
-        "selected": {s.name: {"model": s.model, "train": s.train, "tau": p.taus.get(s.name)} for s in p.core},
+        "selected": {
+            s.name: {"model": s.model, "train": s.train, "threshold": p.thresholds.get(s.name)}
+            for s in p.core
+            if ran is None or s.name in ran
+        },
     }
     if p.tuning_source:
-        path = Path(p.tuning_source) / "results.json"
+        path = Path(p.tuning_source)
+        path = path / "results.json" if path.is_dir() else path
         if path.is_file():
             tuned = json.loads(path.read_text())
             out["rows"] = tuned["tuning"]["rows"]
             out["tuned_selection"] = tuned["tuning"]["selected"]
             out["tuning_commit"] = tuned.get("provenance", {}).get("commit")
+            tp = tuned.get("preset", {})
+            out["recipe_matches"] = all(
+                json.dumps(tp.get(k), sort_keys=True) == json.dumps(getattr(p, k), sort_keys=True)
+                for k in ("steps", "model_overrides", "train_len", "batch_size", "lr", "mix_task", "mix_rate")
+            )
     return out
 
 
@@ -133,10 +150,12 @@ def aggregate(
         spec = rs[0]["spec"]
         methods[name] = {
             "base": spec.base,
+            "arm": spec.arm,
             "role": rs[0]["role"],
             "attention": spec.attention,
             "model": spec.model,
             "train_overrides": spec.train,
+            "served": evaluated[f"passkey-{run_id(rs[0])}"].get("served"),
             "passkey": {
                 "multiples": list(p.passkey_multiples),
                 "accuracy_by_multiple": acc.mean(0).tolist(),
@@ -145,7 +164,7 @@ def aggregate(
                 "n_seeds": len(seeds),
             },
             "loss": _spread([s["loss"] for s in seeds]),
-            "control_passed": sum(s["control_pass"] for s in seeds),
+            "control_passed": sum(bool(s["control_pass"]) for s in seeds),
             "loss_curve": np.mean([evaluated[f"loss-{run_id(r)}"]["curve"] for r in rs], 0).tolist(),
             "task_curve": _task_curve([s["train"]["task_loss_curve"] or [] for s in seeds]),
             "seeds": seeds,
@@ -156,30 +175,40 @@ def aggregate(
         "kind": "reported",
         "preset": p.to_dict(),
         "train_len": p.train_len,
-        "tuning": tuning_summary(p),
+        "tuning": tuning_summary(p, set(methods)),
         "methods": methods,
         "analysis": analysis(methods),
     }
 
 
 def analysis(methods: dict) -> dict:
-    """FPA walk against FoX on their shared seeds: passkey at 8x and 16x, held-out loss, and how
-    many seeds are perfect at 8x."""
-    a, b = PAIR
-    if a not in methods or b not in methods:
-        return {}
-    sa = {s["seed"]: s for s in methods[a]["seeds"]}
-    sb = {s["seed"]: s for s in methods[b]["seeds"]}
-    shared = sorted(set(sa) & set(sb))
+    """Every pair of PAIRS present, on their shared seeds (a - b): passkey at 8x and 16x as served
+    ("passkey_<m>x_as_served") and under each arm's own rule ("passkey_<m>x_own_rule"), held-out
+    loss ("loss", lower is better), each a fpa.experiments.analysis.paired dict; and, where 8x was
+    evaluated, how many seeds each arm has perfect at 8x as served."""
     out: dict[str, Any] = {}
-    for m in ("8", "16"):
-        if all(m in sa[s]["passkey_by_multiple"] for s in shared):
-            out[m] = paired(
+    for a, b in PAIRS:
+        if a not in methods or b not in methods:
+            continue
+        sa = {s["seed"]: s for s in methods[a]["seeds"]}
+        sb = {s["seed"]: s for s in methods[b]["seeds"]}
+        shared = sorted(set(sa) & set(sb))
+        res: dict[str, Any] = {"seeds": shared}
+        for m in ("8", "16"):
+            if not shared or not all(m in sa[s]["passkey_by_multiple"] for s in shared):
+                continue
+            res[f"passkey_{m}x_as_served"] = paired(
                 [sa[s]["passkey_by_multiple"][m] for s in shared], [sb[s]["passkey_by_multiple"][m] for s in shared]
             )
-    out["loss"] = paired([sa[s]["loss"] for s in shared], [sb[s]["loss"] for s in shared])
-    out["perfect_at_8x"] = {
-        n: sum(d[s]["passkey_by_multiple"].get("8", 0) >= 1.0 for s in shared) for n, d in ((a, sa), (b, sb))
-    }
-    out["seeds"] = shared
-    return {f"{a} vs {b}": out}
+            if all("eviction" in d[s] for d in (sa, sb) for s in shared):
+                res[f"passkey_{m}x_own_rule"] = paired(
+                    [sa[s]["eviction"]["accuracy"][m] for s in shared],
+                    [sb[s]["eviction"]["accuracy"][m] for s in shared],
+                )
+        res["loss"] = paired([sa[s]["loss"] for s in shared], [sb[s]["loss"] for s in shared], higher_is_better=False)
+        if shared and all("8" in sa[s]["passkey_by_multiple"] for s in shared):
+            res["perfect_at_8x"] = {
+                n: sum(d[s]["passkey_by_multiple"]["8"] >= 1.0 for s in shared) for n, d in ((a, sa), (b, sb))
+            }
+        out[f"{a} vs {b}"] = res
+    return out

@@ -34,44 +34,42 @@ def bootstrap_ci(diffs: Sequence[float], level: float = 0.95, n_boot: int = 10_0
     return [float(min(lo, d.mean())), float(max(hi, d.mean()))]
 
 
-def paired(a: Sequence[float], b: Sequence[float]) -> dict:
+def paired(a: Sequence[float], b: Sequence[float], higher_is_better: bool = True) -> dict:
     """Paired comparison of a and b (same seeds, same order): {"n", "mean_diff" (a - b), "ci95",
-    "sign_p", "diffs", "wins_a", "wins_b", "ties"}."""
+    "sign_p", "diffs", "higher_is_better", "wins_a", "wins_b", "ties"}. The wins are oriented by
+    the metric: a wins a seed where its value is better (higher, or lower when
+    ``higher_is_better`` is False, e.g. a loss)."""
     if len(a) != len(b):
         raise ValueError(f"paired samples must have the same length, got {len(a)} and {len(b)}")
     diffs = [float(x) - float(y) for x, y in zip(a, b)]
+    sign = 1 if higher_is_better else -1
     return {
         "n": len(diffs),
         "mean_diff": float(np.mean(diffs)) if diffs else math.nan,
         "ci95": bootstrap_ci(diffs),
         "sign_p": sign_test_p(diffs),
         "diffs": diffs,
-        "wins_a": sum(x > 0 for x in diffs),
-        "wins_b": sum(x < 0 for x in diffs),
+        "higher_is_better": higher_is_better,
+        "wins_a": sum(sign * x > 0 for x in diffs),
+        "wins_b": sum(sign * x < 0 for x in diffs),
         "ties": sum(x == 0 for x in diffs),
     }
 
 
-def verdict(
-    res: dict,
-    a: str,
-    b: str,
-    what: str,
-    unit: str = " points",
-    scale: float = 100.0,
-    higher_is_better: bool = True,
-    digits: int = 1,
-) -> str:
-    """One sentence from a paired result: who is ahead (the 95% interval excludes 0), or that no
-    difference is detectable; the sign test's p and the wins of each side are quoted beside it."""
+def verdict(res: dict, a: str, b: str, what: str, unit: str = " points", scale: float = 100.0, digits: int = 1) -> str:
+    """One sentence from a paired result: who is ahead (the 95% interval excludes 0; "ahead" in the
+    metric's own direction, ``res["higher_is_better"]``), or that no difference is detectable; the
+    sign test's p and the seeds each side wins are quoted beside it."""
     lo, hi = (scale * x for x in res["ci95"])
     mean = scale * res["mean_diff"]
     f = f"+.{digits}f"
+    better = "higher" if res.get("higher_is_better", True) else "lower"
     interval = (
         f"mean {a} - {b} {mean:{f}}{unit}, 95% interval [{lo:{f}}, {hi:{f}}], sign test p = "
-        f"{res['sign_p']:.2g}, {a} ahead on {res['wins_a']} seeds and {b} on {res['wins_b']}"
+        f"{res['sign_p']:.2g}; {better} is better: {a} better on {res['wins_a']} seeds, {b} on "
+        f"{res['wins_b']}, {res['ties']} tied"
     )
     if lo > 0 or hi < 0:
-        ahead = a if (lo > 0) == higher_is_better else b
+        ahead = a if (lo > 0) == res.get("higher_is_better", True) else b
         return f"{what}: {ahead} ahead at n = {res['n']} ({interval})."
     return f"{what}: no difference detectable at n = {res['n']} ({interval})."

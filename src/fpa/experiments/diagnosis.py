@@ -1,13 +1,15 @@
 """Why an FPA walk model misses the passkey at 8x: dilution or forgetting.
 
-For each reported FPA walk seed below 100% at 8x, on the prompts of its failing (8x, depth) cells
+For each reported FPA walk seed (either walk arm) that passes the 1x control and is below 100% at
+8x, on the prompts of its failing (8x, depth) cells
 and on the 1x prompts of the same depths: the retrieval head (the (layer, head) whose last-query
 attention puts the most mass on the needle at 1x), its attention mass on the needle, and the
 needle's penalty beta x dip at the last query (mean over the needle's tokens). A miss is
 **forgetting** when the needle's penalty at 8x exceeds its 1x penalty by more than ``FORGET_MARGIN``
 (the field dipped below the needle's level between it and the question: its logit is lowered by
 more than a factor e), else **dilution** (the needle keeps its logit; the mass is spread over the
-longer filler).
+longer filler). A model trained under a threshold rule is inspected as served: the keys the rule
+has hidden from the last query get no attention mass (the rest renormalised).
 """
 
 from __future__ import annotations
@@ -39,6 +41,14 @@ def _head_stats(model, prompt) -> dict:
 
         attn = block.attn
         field, level, w = fpa_head_maps(attn, x)
+        threshold = getattr(attn, "training_eviction_threshold", None)
+        if threshold is not None:
+            from fpa.ops.fpa.evicting import hide_from
+
+            groups = attn.num_heads // attn.num_kv_heads
+            hidden = hide_from(field[None], level[None], attn.beta.float(), threshold, groups)[0] <= w.shape[-1] - 1
+            w = w.masked_fill(hidden, 0.0)
+            w = w / w.sum(-1, keepdim=True)
         penalty = attn.beta.float()[:, None] * dip(field, level)[:, -1]  # (H, T)
         mass.append(w[:, span].sum(-1))
         pen.append(penalty[:, span].mean(-1))
@@ -88,9 +98,9 @@ def diagnose_misses(
     model_dir: dict,
     run_id: Callable[[dict], str],
 ) -> dict:
-    """{run id: diagnosis} for every core FPA walk run that passes the 1x control and is below 100%
-    at 8x (stages ``diagnose-<run>``)."""
-    from fpa.experiments.aggregate import CONTROL
+    """{run id: diagnosis} for every core FPA walk run (either walk arm) that passes the 1x control
+    and is below 100% at 8x, as served (stages ``diagnose-<run>``)."""
+    from fpa.experiments.methods import CONTROL
 
     if 8 not in p.passkey_multiples or 1 not in p.passkey_multiples:
         return {}
@@ -109,4 +119,5 @@ def diagnose_misses(
                 f"diagnose-{rid}", functools.partial(diagnose_seed, model_dir[rid], p.to_dict(), failing)
             )
             out[rid]["seed"] = r["seed"]
+            out[rid]["method"] = r["spec"].name
     return out

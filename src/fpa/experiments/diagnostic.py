@@ -37,7 +37,7 @@ LEGACY = dict(
 TANH = dict(
     walk_increment="tanh", walk_bias_init=0.0, beta_activation="exp", level_offset="none"
 )  # version 2, no offset
-DEFAULT = dict(TANH, level_offset="head", level_offset_init=1.0)  # version 2, the library default
+DEFAULT = dict(TANH, level_offset="head", level_offset_init=1.0)  # the synthetic heads' walk (fpa.tasks.packed)
 DECAY_INIT = dict(TANH, walk_bias_init=-1.0)  # the walk starts as a decay: no dead zone
 
 
@@ -81,7 +81,7 @@ def run(variants: dict[str, tuple] = VARIANTS, cells=CELLS, seeds=SEEDS, progres
         for task, m, d in cells:
             bar.set_postfix_str(f"{name} {task} m={m} d={d}")
             recs = train_cell(
-                task, "fpa_walk", d, m, tuple(seeds), cfg, make_cell_data(task, m, tuple(seeds), cfg), layer_kwargs=kw
+                task, "fpa-walk", d, m, tuple(seeds), cfg, make_cell_data(task, m, tuple(seeds), cfg), layer_kwargs=kw
             )
             per = {
                 f: {k: [r["per_length"][f][k] for r in recs] for k in ("target_mass", "accuracy")} for f in ("1x", "4x")

@@ -139,7 +139,8 @@ def plot_by_multiple(methods: dict[str, dict], path: str | Path, title: str, das
 
 def plot_paired(diffs: dict[str, dict], path: str | Path, title: str) -> None:
     """Per-seed paired differences (dots) with their mean and 95% interval (bar), one column per
-    comparison. diffs[label] = {"diffs", "mean_diff", "ci95"} (already in display units)."""
+    comparison (its label names the pair a vs b). diffs[label] = {"diffs", "mean_diff", "ci95"}
+    (already in display units)."""
     fig, ax = _figure(figsize=(6.5, 4))
     for i, d in enumerate(diffs.values()):
         x = np.full(len(d["diffs"]), i) + np.linspace(-0.12, 0.12, max(1, len(d["diffs"])))
@@ -155,8 +156,8 @@ def plot_paired(diffs: dict[str, dict], path: str | Path, title: str) -> None:
             label="mean, 95% bootstrap interval" if i == 0 else None,
         )
     ax.axhline(0, color="grey", lw=0.8, ls=":")
-    ax.set_xticks(range(len(diffs)), list(diffs))
-    ax.set_ylabel("FPA walk - FoX")
+    ax.set_xticks(range(len(diffs)), list(diffs), fontsize=7, rotation=20, ha="right")
+    ax.set_ylabel("a - b, per seed (points)")
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8)
     _save(fig, path)
@@ -176,7 +177,7 @@ def plot_eviction(evictions: dict[str, dict], path: str | Path) -> None:
             [100 * np.mean(by[str(k)]["kept_fraction"]) for k in mults],
             color=st["color"],
             marker="o",
-            label=f"{name} (tau {ev['tau']:g})",
+            label=f"{name} (threshold {ev['threshold']:g})",
         )
         for key, ls, what in (
             ("accuracy", "-", "own rule"),

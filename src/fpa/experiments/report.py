@@ -2,7 +2,9 @@
 
 A tuning run's report is its selection table; a reported run's report states, per claim, what the
 paired seeds show (intervals, sign tests, misses), the eviction tables per length, the context
-methods and the diagnosis of FPA walk's misses at 8x. Verdict sentences come from the numbers.
+methods and the diagnosis of FPA walk's misses at 8x; a run stopped by the gate reports its 1x
+controls. Verdict sentences come from the numbers. A report names only what its run computed: no
+figure that was not written, no length that was not evaluated, no tuning run that does not exist.
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ import numpy as np
 
 from fpa.data.atomic import atomic_write_text
 from fpa.experiments import plots
-from fpa.experiments.aggregate import CONTROL, LOSSLESS_FULL, PAIR
+from fpa.experiments.aggregate import LOSSLESS_FULL
 from fpa.experiments.analysis import verdict
+from fpa.experiments.methods import CONTROL
 from fpa.experiments.stages import write_json
 
 NO_COPY_FLOOR = 5 / 6 * math.log(10)  # answer loss of a model that does not copy (byte tokens)
@@ -58,7 +61,7 @@ def setup_text(results: dict) -> str:
 
 
 def tuning_markdown(results: dict) -> str:
-    """The report of a tuning run: per configuration, validation loss and passkey, and the selected taus."""
+    """The report of a tuning run: per configuration, validation loss and passkey, and the selected thresholds."""
     t, p = results["tuning"], results["preset"]
     mults = p["passkey_multiples"]
     lines = [
@@ -71,7 +74,7 @@ def tuning_markdown(results: dict) -> str:
         f"Tuning seeds {t['seeds']}; validation prompts (prompt seed {p['validation_prompt_seed']}) and the "
         "tuning half of the held-out split. Nothing here is used for reporting.",
         "",
-        f"Configuration rule: {t['rule']['config']}. Threshold rule: {t['rule']['tau']}.",
+        f"Configuration rule: {t['rule']['config']}. Threshold rule: {t['rule']['threshold']}.",
         "",
         "| configuration | val loss | "
         + " | ".join(f"val passkey {m}x" for m in mults)
@@ -90,15 +93,21 @@ def tuning_markdown(results: dict) -> str:
         "",
         "## Eviction threshold of the selected configurations",
         "",
-        "| method | tau | mean val accuracy (rule) | full cache | kept (mean over lengths) | within tolerance |",
-        "|---|---|---|---|---|---|",
+        "| arm | configuration | threshold | mean val accuracy (rule) | full cache | kept (mean over lengths) "
+        "| within tolerance |",
+        "|---|---|---|---|---|---|---|",
     ]
-    for s in t["selected"].values():
+    for arm, s in t["selected"].items():
         ev = s.get("eviction")
         if ev:
             lines.append(
-                f"| {s['config']} | {ev['tau']:g} | {_pct(ev['accuracy'])} | {_pct(ev['full_accuracy'])} | "
-                f"{_pct(ev['kept'])} | {'yes' if ev['within'] else 'no (largest tau)'} |"
+                f"| {arm} | {s['config']} | {ev['threshold']:g} | {_pct(ev['accuracy'])} | "
+                f"{_pct(ev['full_accuracy'])} | {_pct(ev['kept'])} | {'yes' if ev['within'] else 'no (largest)'} |"
+            )
+        elif s.get("training_threshold") is not None:
+            lines.append(
+                f"| {arm} | {s['config']} | {s['training_threshold']:g} (trained under it) | (served under it: "
+                "the table above) | | | |"
             )
     lines += ["", "![validation passkey per configuration](tuning.png)", ""]
     return "\n".join(lines)
@@ -115,7 +124,7 @@ def _seed_table(results: dict, names: list[str]) -> list[str]:
             lines.append(
                 f"| {n} | {s['seed']} | {s['loss']:.4f} | "
                 + " | ".join(_pct(s["passkey_by_multiple"][str(m)]) for m in mults)
-                + f" | {'pass' if s['control_pass'] else '**MISS**'} |"
+                + f" | {'n/a' if s['control_pass'] is None else 'pass' if s['control_pass'] else '**MISS**'} |"
             )
     return lines
 
@@ -124,16 +133,17 @@ def method_table(results: dict, names: list[str]) -> str:
     """Markdown table of the methods ``names``: held-out loss and passkey per length over seeds."""
     mults = results["preset"]["passkey_multiples"]
     lines = [
-        "| method | role | seeds | held-out loss mean [min-max] | "
+        "| method | role | served | seeds | held-out loss mean [min-max] | "
         + " | ".join(f"passkey {m}x" for m in mults)
         + " | 1x control passed |",
-        "|" + "---|" * (len(mults) + 5),
+        "|" + "---|" * (len(mults) + 6),
     ]
     for n in names:
         m = results["methods"][n]
         pk = m["passkey"]
         lines.append(
-            f"| {n} | {m['role']} | {pk['n_seeds']} | {m['loss']['mean']:.4f} [{m['loss']['min']:.4f}-"
+            f"| {n} | {m['role']} | {served_text(m.get('served'))} | {pk['n_seeds']} | "
+            f"{m['loss']['mean']:.4f} [{m['loss']['min']:.4f}-"
             f"{m['loss']['max']:.4f}] | "
             + " | ".join(
                 f"{_pct(a)} [{100 * lo:.0f}-{100 * hi:.0f}]"
@@ -144,75 +154,79 @@ def method_table(results: dict, names: list[str]) -> str:
     return "\n".join(lines)
 
 
+def served_text(served: dict | None) -> str:
+    """How a method is served: "full cache", or its training rule."""
+    if not served:
+        return "full cache"
+    kind = "FPAEviction" if served["attention"] == "fpa" else "FoXEviction"
+    return f"{kind}({served['threshold']:g}), within chunks (trained under it)"
+
+
+_COMPARISONS = (
+    ("passkey_8x_as_served", "Passkey at 8x, as served"),
+    ("passkey_8x_own_rule", "Passkey at 8x, each under its own rule"),
+    ("passkey_16x_as_served", "Passkey at 16x, as served"),
+    ("passkey_16x_own_rule", "Passkey at 16x, each under its own rule"),
+)
+
+
 def verdicts(results: dict) -> list[str]:
-    """One sentence per claim tested on the paired seeds (FPA walk against FoX); [] without a pair."""
-    a, b = PAIR
-    an = results.get("analysis", {}).get(f"{a} vs {b}")
-    if not an:
-        return []
-    out = [
-        verdict(an[m], a, b, f"Passkey at {m}x (claim: FPA at least FoX's accuracy)") for m in ("8", "16") if m in an
-    ]
-    out.append(
-        verdict(
-            an["loss"],
-            a,
-            b,
-            "Held-out loss (claim: on par with FoX)",
-            unit=" nats/token",
-            scale=1.0,
-            higher_is_better=False,
-            digits=3,
+    """One sentence per comparison of every pair of core arms in the analysis; [] without a pair."""
+    out = []
+    for key, an in results.get("analysis", {}).items():
+        a, b = key.split(" vs ")
+        for k, what in _COMPARISONS:
+            if k in an:
+                out.append(verdict(an[k], a, b, f"{what} ({a} vs {b})"))
+        out.append(verdict(an["loss"], a, b, f"Held-out loss ({a} vs {b})", unit=" nats/token", scale=1.0, digits=4))
+        if "perfect_at_8x" in an:
+            n, perfect = len(an["seeds"]), an["perfect_at_8x"]
+            out.append(
+                f"Perfect passkey at 8x as served (the paper's claim: every seed): {a} on {perfect[a]} of {n} "
+                f"seeds, {b} on {perfect[b]} of {n}."
+            )
+    core = [(n, m) for n, m in results["methods"].items() if m["role"] == "core"]
+    if core:
+        out.append(
+            f"1x control (>= {_pct(CONTROL)} at the training length, as served): "
+            + ", ".join(f"{n} passed on {m['control_passed']} of {m['passkey']['n_seeds']} seeds" for n, m in core)
+            + "; extrapolation is only meaningful on seeds that pass."
         )
-    )
-    n = an["loss"]["n"]
-    ctrl = {name: results["methods"][name]["control_passed"] for name in PAIR}
-    out.append(
-        f"1x control (>= {_pct(CONTROL)} at the training length): {a} passed on {ctrl[a]} of {n} seeds, "
-        f"{b} on {ctrl[b]} of {n}; extrapolation is only meaningful on seeds that pass."
-    )
-    perfect = an["perfect_at_8x"]
-    out.append(
-        f"Perfect passkey at 8x on every seed (the paper's claim): {a} on {perfect[a]} of {n} seeds, "
-        f"{b} on {perfect[b]} of {n}."
-    )
-    for name in PAIR:
-        ev = results["methods"][name].get("eviction")
-        if not ev:
-            continue
-        by8 = ev["by_multiple"].get("8")
+    for name, m in core:
+        ev = m.get("eviction")
+        by8 = (ev or {}).get("by_multiple", {}).get("8")
         if by8:
             judged = [x for x in by8["lossless"] if x is not None]
             out.append(
-                f"Eviction, {name} at tau {ev['tau']:g}, 8x: keeps {_mean_range(by8['kept_fraction'])} of the "
-                f"keys; lossless on {sum(judged)} of the {len(judged)} seeds whose full cache reaches "
-                f"{_pct(LOSSLESS_FULL)} ({len(by8['lossless']) - len(judged)} seeds below that are not "
-                f"judged); kept keys grow as L^{ev['keys_growth_exponent']:.2f} on held-out text."
+                f"Eviction, {name} at threshold {ev['threshold']:g}, 8x: keeps {_mean_range(by8['kept_fraction'])} "
+                f"of the keys; lossless on {sum(judged)} of the {len(judged)} seeds whose full cache (as served) "
+                f"reaches {_pct(LOSSLESS_FULL)} ({len(by8['lossless']) - len(judged)} below it not judged); kept "
+                f"keys grow as L^{ev['keys_growth_exponent']:.2f} on held-out text."
             )
     return out
 
 
 def eviction_table(results: dict) -> str:
-    """Markdown table of each core method's own-rule eviction: kept keys and accuracy per length."""
+    """Markdown table of each core arm's own-rule eviction: kept keys and accuracy per length."""
     lines = [
-        "| method | tau | length | kept mean [min-max] | own rule | full cache | window, same size | "
+        "| method | threshold | length | kept mean [min-max] | own rule | as served | window, same size | "
         "lossless (seeds judged) |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for name in PAIR:
-        ev = results["methods"].get(name, {}).get("eviction")
-        if not ev:
+    for name, m in results["methods"].items():
+        ev = m.get("eviction")
+        if m["role"] != "core" or not ev:
             continue
-        for m, by in ev["by_multiple"].items():
+        for mult, by in ev["by_multiple"].items():
             judged = [x for x in by["lossless"] if x is not None]
             lines.append(
-                f"| {name} | {ev['tau']:g} | {m}x | {_mean_range(by['kept_fraction'])} | "
+                f"| {name} | {ev['threshold']:g} | {mult}x | {_mean_range(by['kept_fraction'])} | "
                 f"{_mean_range(by['accuracy'])} | {_mean_range(by['full_accuracy'])} | "
                 f"{_mean_range(by['window_accuracy'])} | {sum(judged)}/{len(judged)} |"
             )
         g = ev["growth"]
         lines.append(
-            f"| {name} | {ev['tau']:g} | kept keys on {g['lengths'][0]}-{g['lengths'][-1]} tokens | "
+            f"| {name} | {ev['threshold']:g} | kept keys on {g['lengths'][0]}-{g['lengths'][-1]} tokens | "
             f"{', '.join(f'{k:.0f}' for k in g['kept_keys'])} | exponent a = {ev['keys_growth_exponent']:.2f} "
             f"(per seed {min(ev['keys_growth_exponent_by_seed']):.2f}-"
             f"{max(ev['keys_growth_exponent_by_seed']):.2f}) | | | |"
@@ -221,108 +235,163 @@ def eviction_table(results: dict) -> str:
 
 
 def diagnosis_text(results: dict) -> list[str]:
-    """Markdown lines on why FPA walk seeds that pass the 1x control miss at 8x."""
+    """Markdown lines on why FPA walk seeds that pass the 1x control miss at 8x ([] when 8x was not
+    evaluated)."""
+    if 8 not in results["preset"]["passkey_multiples"] or 1 not in results["preset"]["passkey_multiples"]:
+        return []
     d = results.get("diagnosis") or {}
     if not d:
         return ["No FPA walk seed that passes the 1x control missed at 8x: nothing to diagnose."]
     forget = sum(x["forgetting"] for x in d.values())
     dilute = sum(x["dilution"] for x in d.values())
     lines = [
-        f"{len(d)} FPA walk seeds pass the 1x control and miss at 8x; on {forget + dilute} inspected prompts "
-        f"of their failing cells the "
-        f"retrieval head's miss is **forgetting** on {forget} (the needle's penalty beta x dip grew by more than 1 "
-        f"from 1x to 8x) and **dilution** on {dilute} (the needle kept its logit; its attention mass spread over "
-        f"the longer filler).",
+        f"{len(d)} FPA walk seeds pass the 1x control and miss at 8x (as served); on {forget + dilute} inspected "
+        f"prompts of their failing cells the retrieval head's miss is **forgetting** on {forget} (the needle's "
+        f"penalty beta x dip grew by more than 1 from 1x to 8x) and **dilution** on {dilute} (the needle kept its "
+        "logit; its attention mass spread over the longer filler).",
         "",
-        "| seed | prompts | forgetting | dilution | needle mass 1x -> 8x (mean) | needle penalty 1x -> 8x (mean) |",
-        "|---|---|---|---|---|---|",
+        "| method | seed | prompts | forgetting | dilution | needle mass 1x -> 8x (mean) | needle penalty 1x -> 8x "
+        "(mean) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for x in d.values():
         r = x["prompts"]
         lines.append(
-            f"| {x['seed']} | {len(r)} | {x['forgetting']} | {x['dilution']} | "
+            f"| {x.get('method', 'fpa-walk')} | {x['seed']} | {len(r)} | {x['forgetting']} | {x['dilution']} | "
             f"{np.mean([q['mass_1x'] for q in r]):.2f} -> {np.mean([q['mass_8x'] for q in r]):.2f} | "
             f"{np.mean([q['penalty_1x'] for q in r]):.2f} -> {np.mean([q['penalty_8x'] for q in r]):.2f} |"
         )
-    return lines + ["", "![diagnosis](diagnosis.png)"]
+    return lines
 
 
 def tuning_reference(results: dict) -> list[str]:
-    """Markdown lines naming the tuning run and the configurations and taus it selected."""
+    """Markdown lines naming where the configurations and thresholds came from ([] for a run without
+    core arms)."""
     t = results["tuning"]
-    lines = [
-        f"Configurations and thresholds were chosen in a separate tuning run (`{t.get('source')}`, tuning seeds "
-        f"{t['seeds']}, validation prompts), never on these seeds or prompts:",
-        "",
-    ]
+    if not t["selected"]:
+        return []
+    if t.get("source"):
+        lines = [
+            f"Configurations and thresholds were chosen in a separate tuning run (`{t['source']}`, tuning seeds "
+            f"{t['seeds']}, validation prompts), never on these seeds or prompts:",
+        ]
+    else:
+        lines = ["Configurations and thresholds frozen in the preset (`fpa.experiments.presets.SELECTED_CPU`):"]
+    lines.append("")
     for name, s in t["selected"].items():
-        lines.append(f"- {name}: model {s['model'] or 'defaults'}, eviction tau {s['tau']}")
+        lines.append(
+            f"- {name}: model {s['model'] or 'defaults'}, training {s['train'] or 'plain'}, threshold {s['threshold']}"
+        )
     if t.get("tuned_selection"):
         agree = all(
-            t["tuned_selection"].get(n, {}).get("eviction", {}).get("tau", s["tau"]) == s["tau"]
-            for n, s in t["selected"].items()
+            _tuned_threshold(t["tuned_selection"].get(n, {})) == s["threshold"] for n, s in t["selected"].items()
         )
         lines += [
             "",
-            f"The tuning run at commit `{t.get('tuning_commit')}` selected these "
-            f"{'(same taus)' if agree else '(**taus differ from this preset**)'}; its table is in its report.",
+            f"The tuning run at commit `{t.get('tuning_commit')}` "
+            + ("selected the same thresholds" if agree else "**selected other thresholds than this preset's**")
+            + (
+                ""
+                if t.get("recipe_matches", True)
+                else "; **it trained another recipe than this run's** (steps or model differ)"
+            )
+            + "; its table is in its report.",
         ]
     return lines
 
 
-def reported_markdown(results: dict) -> str:
-    """The full report of a reported or ablation run."""
-    ms = results["methods"]
-    core = [n for n, m in ms.items() if m["role"] == "core"]
-    context = [n for n, m in ms.items() if m["role"] == "context"]
+def _tuned_threshold(sel: dict) -> float | None:
+    return (sel.get("eviction") or {}).get("threshold", sel.get("training_threshold"))
+
+
+def gate_markdown(results: dict) -> str:
+    """The report of a run the gate stopped: the 1x control of every core seed, and the retry."""
+    g, p = results["gate"], results["preset"]
     lines = [
-        f"# Reproduction: `{results['preset']['name']}`",
+        f"# Reproduction: `{p['name']}`, stopped by the 1x control gate",
         "",
         provenance_text(results),
         "",
         setup_text(results),
         "",
-        "## Verdicts (paired seeds)",
+        f"After training, each core arm had to pass the 1x control (>= {_pct(CONTROL)} passkey accuracy at the "
+        f"training length, as served) on at least {g['min_pass']} seeds; it did not, so nothing was evaluated:",
         "",
+        "| method | passed | "
+        + " | ".join(f"seed {s}" for s in next(iter(g["by_arm"].values()))["accuracy_by_seed"])
+        + " |",
+        "|" + "---|" * (2 + len(next(iter(g["by_arm"].values()))["accuracy_by_seed"])),
     ]
+    for arm, a in g["by_arm"].items():
+        lines.append(
+            f"| {arm} | {a['passed']}/{a['n']} | " + " | ".join(_pct(x) for x in a["accuracy_by_seed"].values()) + " |"
+        )
+    lines.append("")
+    if results.get("retry"):
+        r = results["retry"]
+        lines.append(f"Retrained at {r['steps']} steps, nothing else changed, in `{r['out']}` (its report).")
+    else:
+        lines.append("No retry configured for this preset (`retry_steps`): stopped.")
+    lines += _retry_of_text(results)
+    return "\n".join(lines) + "\n"
+
+
+def _retry_of_text(results: dict) -> list[str]:
+    first = results.get("retry_of")
+    if not first:
+        return []
+    short = ", ".join(f"{a} {g['passed']}/{g['n']}" for a, g in first["gate"]["by_arm"].items())
+    return [
+        "",
+        f"This run retrains, at {results['preset']['steps']} steps, the run in `{first['out']}`, which the gate "
+        f"stopped at {first['steps']} steps (1x control passed on {short} seeds); its report is there.",
+    ]
+
+
+def reported_markdown(results: dict, figures: set[str]) -> str:
+    """The full report of a reported or ablation run; ``figures``: the PNGs written beside it."""
+    ms = results["methods"]
+    core = [n for n, m in ms.items() if m["role"] == "core"]
+    context = [n for n, m in ms.items() if m["role"] == "context"]
+
+    def fig(name: str, alt: str) -> list[str]:
+        return [f"![{alt}]({name})", ""] if name in figures else []
+
+    lines = [f"# Reproduction: `{results['preset']['name']}`", "", provenance_text(results), "", setup_text(results)]
+    lines += _retry_of_text(results)
+    g = results.get("gate")
+    if g:
+        short = ", ".join(f"{a} {x['passed']}/{x['n']}" for a, x in g["by_arm"].items())
+        lines += ["", f"Gate after training: 1x control passed on {short} seeds ({g['min_pass']} needed per arm)."]
+    lines += ["", "## Verdicts (paired seeds)", ""]
     lines += [f"- {v}" for v in verdicts(results)] or ["- (no paired comparison in this run)"]
-    lines += [
-        "",
-        "## Methods",
-        "",
-        method_table(results, core + context),
-        "",
-        "Context methods run on fewer seeds and are not part of the paired analysis.",
-        "",
-        "![passkey by length](passkey.png)",
-        "",
-        "![paired differences](paired.png)",
-        "",
-        "## Eviction by the model's own rule",
-        "",
-        eviction_table(results),
-        "",
-        f"Lossless is judged only on seeds whose full cache reaches {_pct(LOSSLESS_FULL)} at that length.",
-        "",
-        "![eviction](eviction.png)",
-        "",
-        "![kept keys against context](growth.png)",
-        "",
-        "## Where FPA walk misses at 8x",
-        "",
-    ]
-    lines += diagnosis_text(results)
-    lines += ["", "## Tuning", ""] + tuning_reference(results)
-    lines += ["", "## Every seed", ""] + _seed_table(results, core + context)
-    lines += ["", "![held-out loss per position](loss-curves.png)", "", "![answer loss](answer-loss.png)", ""]
+    lines += ["", "## Methods", "", method_table(results, core + context), ""]
+    if context:
+        lines += ["Context methods run on fewer seeds and are not part of the paired analysis.", ""]
+    lines += fig("passkey.png", "passkey by length") + fig("paired.png", "paired differences")
+    if any("eviction" in ms[n] for n in core):
+        lines += ["## Eviction by each arm's own rule", "", eviction_table(results), ""]
+        lines += [
+            f"Lossless is judged only on seeds whose full cache reaches {_pct(LOSSLESS_FULL)} at that length.",
+            "",
+        ]
+        lines += fig("eviction.png", "eviction") + fig("growth.png", "kept keys against context")
+    diag = diagnosis_text(results)
+    if diag:
+        lines += ["## Where FPA walk misses at 8x", ""] + diag + [""] + fig("diagnosis.png", "diagnosis")
+    ref = tuning_reference(results)
+    if ref:
+        lines += ["## Tuning", ""] + ref + [""]
+    lines += ["## Every seed", ""] + _seed_table(results, core + context) + [""]
+    lines += fig("loss-curves.png", "held-out loss per position") + fig("answer-loss.png", "answer loss")
     return "\n".join(lines)
 
 
 def readme_snippet(results: dict) -> str:
     """The method table, verdicts and provenance, for the README."""
-    core = [n for n, m in results["methods"].items() if m["role"] in ("core", "context")]
+    names = [n for n, m in results["methods"].items() if m["role"] in ("core", "context")]
     return (
-        method_table(results, core)
+        method_table(results, names)
         + "\n\n"
         + "\n".join(f"- {v}" for v in verdicts(results))
         + "\n\n"
@@ -331,41 +400,58 @@ def readme_snippet(results: dict) -> str:
     )
 
 
-def _figures(results: dict, out: Path) -> None:
+def _figures(results: dict, out: Path) -> set[str]:
+    """Write the figures the results hold data for; returns their file names."""
     ms, L = results["methods"], results["train_len"]
     dashed = tuple(n for n, m in ms.items() if m["role"] == "context")
-    plots.plot_by_multiple(ms, out / "passkey.png", "Full-cache passkey accuracy (line: mean; dots: seeds)", dashed)
-    an = results.get("analysis", {}).get(f"{PAIR[0]} vs {PAIR[1]}")
-    if an:
-        diffs = {
-            f"passkey {m}x (points)": {
-                k: (np.asarray(v) * 100).tolist() if k != "n" else v
-                for k, v in an[m].items()
-                if k in ("diffs", "mean_diff", "ci95")
-            }
-            for m in ("8", "16")
-            if m in an
+    written = {"passkey.png", "loss-curves.png", "answer-loss.png"}
+    plots.plot_by_multiple(ms, out / "passkey.png", "Passkey accuracy as served (line: mean; dots: seeds)", dashed)
+    diffs = {
+        f"{key.replace(' vs ', ' - ')}, {k.split('_')[1]} {k.split('_', 2)[2].replace('_', ' ')}": {
+            "diffs": (np.asarray(an[k]["diffs"]) * 100).tolist(),
+            "mean_diff": 100 * an[k]["mean_diff"],
+            "ci95": [100 * x for x in an[k]["ci95"]],
         }
-        if diffs:
-            plots.plot_paired(diffs, out / "paired.png", f"Paired differences over n = {an['loss']['n']} seeds")
-    ev = {n: ms[n]["eviction"] for n in PAIR if n in ms and "eviction" in ms[n]}
+        for key, an in results.get("analysis", {}).items()
+        for k in ("passkey_8x_as_served", "passkey_16x_as_served")
+        if k in an
+    }
+    if diffs:
+        n = max(len(an["seeds"]) for an in results["analysis"].values())
+        plots.plot_paired(diffs, out / "paired.png", f"Paired differences over n = {n} seeds")
+        written.add("paired.png")
+    ev = {n: m["eviction"] for n, m in ms.items() if m["role"] == "core" and "eviction" in m}
     if ev:
         plots.plot_eviction(ev, out / "eviction.png")
         plots.plot_growth(ev, out / "growth.png")
+        written |= {"eviction.png", "growth.png"}
     if results.get("diagnosis"):
         plots.plot_diagnosis(results["diagnosis"], out / "diagnosis.png")
+        written.add("diagnosis.png")
     plots.plot_loss_curves({n: m["loss_curve"] for n, m in ms.items()}, L, out / "loss-curves.png", dashed)
     plots.plot_task_curves({n: m["task_curve"] for n, m in ms.items()}, out / "answer-loss.png", NO_COPY_FLOOR, dashed)
+    return written
 
 
 def write_report(results: dict, out_dir: str | Path) -> None:
-    """results.json, report.md, the PNGs and (reported runs) README-snippet.md in ``out_dir``."""
+    """results.json and report.md in ``out_dir``; a reported run also its PNGs and README-snippet.md,
+    a tuning run tuning.png and tuning.json (its selection: ``fpa reproduce --selection`` reads it).
+    PNGs of an earlier write that this run has no data for are removed, so none is stale."""
     out = Path(out_dir)
     write_json(out / "results.json", results)
     if results["kind"] == "tuning":
         plots.plot_tuning(results["tuning"]["rows"], list(results["preset"]["passkey_multiples"]), out / "tuning.png")
+        write_json(
+            out / "tuning.json",
+            {"preset": results["preset"]["name"], "provenance": results.get("provenance"), "tuning": results["tuning"]},
+        )
         atomic_write_text(out / "report.md", tuning_markdown(results))
         return
-    _figures(results, out)
-    atomic_write_text(out / "report.md", reported_markdown(results))
+    if results["kind"] == "gate-failed":
+        atomic_write_text(out / "report.md", gate_markdown(results))
+        return
+    figures = _figures(results, out)
+    for stale in {"paired.png", "eviction.png", "growth.png", "diagnosis.png"} - figures:
+        (out / stale).unlink(missing_ok=True)
+    atomic_write_text(out / "report.md", reported_markdown(results, figures))
     atomic_write_text(out / "README-snippet.md", readme_snippet(results))

@@ -1,11 +1,19 @@
 """``fpa reproduce``: train every configuration of a preset on its seeds, evaluate, report.
 
 Stages (each resumable, fpa.experiments.stages): ``config``, ``data``, ``train-<run>`` (the trainer
-resumes from its own checkpoints), then per trained model ``loss-``/``passkey-<run>`` (reported
-presets; plus ``evict-``/``growth-<run>`` for the core methods) or ``validation-<run>`` (tuning
-presets; then ``sweep-<run>`` on the selected configuration's models). ``diagnose-<run>`` for every
-FPA walk seed that misses at 8x. results.json, report.md and the PNGs are rewritten from the stage
-outputs at the end. ``jobs`` > 1 runs independent stages in that many worker processes
+resumes from its own checkpoints), then, in a reported preset, ``control-<run>`` for every core run
+(the 1x control as served: the gate, ``control_gate``), then per trained model
+``loss-``/``passkey-<run>`` (plus ``evict-``/``growth-<run>`` for the core arms), or in a tuning
+preset ``validation-<run>`` (then ``sweep-<run>`` on the selected configurations' models).
+``diagnose-<run>`` for every FPA walk seed (either walk arm) that passes the control and misses at
+8x. A model trained under a threshold rule is scored under it in every stage
+(fpa.experiments.stage_fns.served_rule). results.json, report.md and the PNGs are rewritten from
+the stage outputs at the end.
+
+The gate: if a core arm passes the 1x control on fewer than ``control_min_pass`` seeds, nothing is
+evaluated; the folder gets a report of the controls, and with ``retry_steps`` the preset is trained
+again at that many steps, nothing else changed, in the sibling folder ``<out>-steps<N>``, whose
+report names the failed attempt. ``jobs`` > 1 runs independent stages in that many worker processes
 (fpa.experiments.pool). Under torchrun (WORLD_SIZE > 1) every rank trains; rank 0 alone evaluates.
 Every recorded stage carries the commit of the code that produced it; stages from different
 commits are refused at aggregation.
@@ -20,12 +28,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fpa.data.atomic import atomic_write_text
-from fpa.experiments.presets import MethodSpec, ReproducePreset
+from fpa.experiments.methods import CONTROL, CORE_ARMS, MethodSpec
+from fpa.experiments.presets import ReproducePreset
 from fpa.experiments.provenance import code_state, command_line
 from fpa.experiments.stage_fns import eval_stage, train_stage
 from fpa.experiments.stages import Stages, read_json
-
-OWN_RULE_BASES = ("fpa-walk", "fox")
 
 
 def _is_main() -> bool:
@@ -108,9 +115,12 @@ def reproduce(
     jobs: int = 1,
     stop_after: str | None = None,
     command: str | None = None,
+    retry_of: dict | None = None,
 ) -> dict:
     """Run (or resume) every stage of preset ``p`` in ``out_dir``; returns the results dict ({}
-    when ``stop_after="train"`` stops it after the training stages)."""
+    when ``stop_after="train"`` stops it after the training stages; kind "gate-failed" when the
+    gate stopped it, after the retry if there was one). ``retry_of``: the failed attempt this run
+    retrains (set by the gate)."""
     from fpa.data import prepare_corpus
     from fpa.experiments.pool import run_tasks
 
@@ -157,6 +167,13 @@ def reproduce(
         args = (kind, p_dict, model_dir[run_id(r)], data, r["spec"].attention, tau)
         return (f"{kind}-{run_id(r)}", eval_stage, args)
 
+    gate = None
+    if not p.is_tuning and any(r["role"] == "core" for r in runs):
+        core = [r for r in runs if r["role"] == "core"]
+        controls = run_tasks(stages, [task("control", r) for r in core], jobs, progress, desc="control")
+        gate = control_gate(p, core, controls, run_id)
+        if not gate["passed"]:
+            return _gate_failed(p, out, gate, stages, command, t_start, retry_of, methods, log, jobs, progress)
     if p.is_tuning:
         evaluated = run_tasks(stages, [task("validation", r) for r in runs], jobs, progress, desc="validate")
         from fpa.experiments.tuning_run import finish_tuning
@@ -165,9 +182,9 @@ def reproduce(
     else:
         tasks = [task(k, r) for r in runs for k in ("loss", "passkey")]
         tasks += [
-            task(k, r, p.taus[r["spec"].name])
+            task(k, r, p.thresholds[r["spec"].name])
             for r in runs
-            if r["role"] == "core" and r["spec"].base in OWN_RULE_BASES
+            if r["role"] == "core" and r["spec"].arm in CORE_ARMS
             for k in ("evict", "growth")
         ]
         evaluated = run_tasks(stages, tasks, jobs, progress, desc="evaluate")
@@ -176,11 +193,64 @@ def reproduce(
 
         results = aggregate(p, runs, trained, evaluated, run_id, lambda n: stages.stamp_of(n).get("commit"))
         results["diagnosis"] = diagnose_misses(p, runs, evaluated, stages, model_dir, run_id)
+        results["gate"], results["retry_of"] = gate, retry_of
     results["provenance"] = provenance(stages, command, t_start)
     from fpa.experiments.report import write_report
 
     write_report(results, out)
     return results
+
+
+def control_gate(p: ReproducePreset, core: list[dict], controls: dict, run_id: Callable[[dict], str]) -> dict:
+    """The gate after training: per core arm, the seeds whose 1x passkey accuracy (as served) is
+    >= CONTROL. {"min_pass", "steps", "passed" (every arm at least min_pass), "by_arm": {arm:
+    {"passed", "n", "accuracy_by_seed": {seed: accuracy}}}}."""
+    by_arm: dict[str, dict] = {}
+    for r in core:
+        acc = float(controls[f"control-{run_id(r)}"]["accuracy_by_length"][0])
+        arm = by_arm.setdefault(r["spec"].name, {"passed": 0, "n": 0, "accuracy_by_seed": {}})
+        arm["n"] += 1
+        arm["passed"] += acc >= CONTROL
+        arm["accuracy_by_seed"][str(r["seed"])] = acc
+    return {
+        "min_pass": p.control_min_pass,
+        "steps": p.steps,
+        "passed": all(a["passed"] >= p.control_min_pass for a in by_arm.values()),
+        "by_arm": by_arm,
+    }
+
+
+def _gate_failed(p, out: Path, gate: dict, stages: Stages, command, t_start, retry_of, methods, log, jobs, progress):
+    """Record the failed gate in ``out`` (results.json and report.md), then retrain at
+    ``p.retry_steps`` in the sibling folder (if set) and return that run's results."""
+    import dataclasses
+
+    from fpa.experiments.report import write_report
+
+    short = ", ".join(f"{a} {g['passed']}/{g['n']}" for a, g in gate["by_arm"].items())
+    log(
+        f"[gate] the 1x control (>= {CONTROL:.0%} at the training length) passed on {short} seeds at "
+        f"{p.steps} steps; {p.control_min_pass} needed per core arm: nothing evaluated"
+    )
+    retry = None
+    if p.retry_steps is not None:
+        retry = {"steps": p.retry_steps, "out": str(out.parent / f"{out.name}-steps{p.retry_steps}")}
+    results = {
+        "kind": "gate-failed",
+        "preset": p.to_dict(),
+        "train_len": p.train_len,
+        "gate": gate,
+        "retry": retry,
+        "retry_of": retry_of,
+        "provenance": provenance(stages, command, t_start),
+    }
+    write_report(results, out)
+    if retry is None:
+        return results
+    log(f"[gate] retraining at {p.retry_steps} steps, nothing else changed, in {retry['out']}")
+    again = dataclasses.replace(p, steps=p.retry_steps, retry_steps=None)
+    first = {"out": str(out), "steps": p.steps, "gate": gate}
+    return reproduce(again, retry["out"], progress, methods, log, jobs, None, command, retry_of=first)
 
 
 def _prepare(prepare_corpus, p: ReproducePreset, data_dir: Path) -> dict:

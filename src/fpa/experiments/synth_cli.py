@@ -1,6 +1,6 @@
 """``fpa synth``: the capacity experiment on the nested-structure tasks, and the constructive check.
 
-    fpa synth --task stack --methods fpa_walk,fox --dims 1,4 --ms 4,16 --seeds 0,1,2,3,4 --out DIR
+    fpa synth --task stack --methods fpa-walk,fox --dims 1,4 --ms 4,16 --seeds 0,1,2,3,4 --out DIR
     fpa synth --preset quick --out DIR       # every task, a small slice (<= 5 minutes on 2 cores)
     fpa synth --preset full --out DIR        # the full grid
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 
-ALL_METHODS = "fpa_free,fpa_walk,fox,softmax_alibi,softmax_rope,softmax_nope"
+ALL_METHODS = "fpa-free,fpa-walk,fox,softmax-alibi,softmax-rope,softmax-nope"
 PRESETS = {
     "quick": dict(task="stack,scope,calls", methods=ALL_METHODS, dims="1,8", ms="4", seeds="0,1,2", construct_n=1000),
     "full": dict(
@@ -62,15 +62,14 @@ def _names(name: str, text: str, allowed) -> list[str]:
 
 
 def _fpa_kwargs(text: str | None, methods: list[str]) -> dict | None:
-    """--fpa-kwargs: a JSON object of FPA arguments under their FPAConfig names (``fpa_level_offset``,
-    ``fpa_level_offset_init``, ...; fpa.layers.FPA_CONFIG_FIELDS, the names ``fpa train
-    --model-overrides`` takes) for the FPA methods, checked by building each FPA method's layer
-    with them before any training."""
+    """--fpa-kwargs: a JSON object of FPAOptions fields (``level_offset``, ``level_offset_init``,
+    ...; what ``fpa train --model-overrides '{"fpa": {...}}'`` takes) for the FPA methods, checked
+    on each FPA method's options before any training."""
     if text is None:
         return None
     import json
 
-    from fpa.tasks.packed import fpa_parametrisation
+    from fpa.tasks.packed import method_options
 
     try:
         kw = json.loads(text)
@@ -83,7 +82,7 @@ def _fpa_kwargs(text: str | None, methods: list[str]) -> dict | None:
         raise ValueError(f"--fpa-kwargs needs an FPA method in --methods, got {methods}")
     for m in fpa:
         try:
-            fpa_parametrisation(m, kw)
+            method_options(m, kw)
         except (TypeError, ValueError) as e:
             raise ValueError(f"--fpa-kwargs: {e}") from None
     return kw
@@ -119,6 +118,12 @@ def _synth(args: argparse.Namespace) -> int:
         return _merge(args)
     o = _resolve(args)
     tasks = _names("task", o["task"], TASKS)
+    for m in o["methods"].split(","):
+        if m.strip() and m.strip() not in METHODS and m.strip().replace("_", "-") in METHODS:
+            raise ValueError(
+                f"--methods must be a comma-separated subset of {tuple(METHODS)}, got {m.strip()!r} "
+                f"(did you mean {m.strip().replace('_', '-')!r}?)"
+            )
     methods = _names("methods", o["methods"], METHODS)
     dims = _ints("dims", o["dims"], 1)
     ms = _ints("ms", o["ms"], 1)
@@ -161,12 +166,11 @@ def _run(args, o, tasks, methods, dims, ms, seeds, recipe, out) -> int:
     from fpa.data.atomic import atomic_write_bytes
     from fpa.experiments.capacity import SynthRecipe, run_grid
     from fpa.experiments.synth_report import write_all
-    from fpa.layers.attention import config_layer_kwargs
     from fpa.tasks.construct import constructive_check
-    from fpa.tasks.packed import fpa_parametrisation
+    from fpa.tasks.packed import method_options
 
     cfg = SynthRecipe(**recipe)
-    fkw = o["fpa_kwargs"]  # FPAConfig names; run_grid takes the layer's
+    fkw = o["fpa_kwargs"]
     records = run_grid(
         tasks,
         methods,
@@ -175,7 +179,7 @@ def _run(args, o, tasks, methods, dims, ms, seeds, recipe, out) -> int:
         seeds,
         cfg,
         progress=not args.no_progress,
-        fpa_kwargs=None if fkw is None else config_layer_kwargs(fkw),
+        fpa_kwargs=fkw,
     )
     meta = dict(
         tasks=tasks,
@@ -187,7 +191,7 @@ def _run(args, o, tasks, methods, dims, ms, seeds, recipe, out) -> int:
         recipe=args.recipe,
         config=dataclasses.asdict(cfg),
         fpa_kwargs=fkw,
-        fpa_parametrisation={m: fpa_parametrisation(m, fkw) for m in methods if m.startswith("fpa")},
+        fpa_options={m: method_options(m, fkw).to_dict() for m in methods if m.startswith("fpa")},
     )
     files = write_all(records, out, meta)
     if int(o["construct_n"]) > 0:
@@ -272,9 +276,8 @@ def add_parser(sub) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument(
         "--fpa-kwargs",
-        help="JSON object of FPA arguments under their FPAConfig names for the FPA "
-        "methods (parametrisation variants), e.g. '{\"fpa_level_offset_init\": 2.0}' or "
-        '\'{"fpa_level_offset": "none"}\' (docs/fpa.md, "Parametrisation and its versions"); '
+        help="JSON object of FPAOptions fields for the FPA methods (variants), e.g. "
+        '\'{"level_offset_init": 2.0}\' or \'{"level_offset": "none"}\' (docs/fpa.md, "Options"); '
         "recorded in results.json.gz",
     )
     p.add_argument("--merge", help="comma list of run folders: write their records together to --out, no training")

@@ -3,8 +3,10 @@ the tuning half of the held-out split; nothing the reported run measures).
 
 Configuration, per base method: the highest validation passkey score (mean accuracy over every
 length, 1x to the longest, averaged over tuning seeds); within ``SCORE_TIE`` of the best, the lowest
-validation loss. Eviction threshold, for the selected configuration: the smallest tau whose
-validation accuracy, averaged over seeds and lengths, is within ``tolerance`` of the full cache's.
+validation loss. Inference eviction threshold, for the selected configuration of an arm trained
+without a rule: the smallest threshold whose validation accuracy, averaged over seeds and lengths,
+is within ``tolerance`` of the full cache's. An arm trained under a rule keeps its training
+threshold (a configuration of the grid).
 """
 
 from __future__ import annotations
@@ -37,28 +39,30 @@ def config_rows(specs: list[dict], validation: dict[str, list[dict]]) -> list[di
     return rows
 
 
-def select_config(rows: list[dict], base: str) -> dict:
-    """The selected row among ``base``'s configurations (see the module docstring)."""
-    mine = [r for r in rows if r["base"] == base]
+def select_config(rows: list[dict], arm: str) -> dict:
+    """The selected row among the configurations of core arm ``arm`` (a row's "arm", else its
+    "base"; see the module docstring)."""
+    mine = [r for r in rows if (r.get("arm") or r["base"]) == arm]
     if not mine:
-        raise ValueError(f"no tuning configuration of base method {base!r}")
+        raise ValueError(f"no tuning configuration of arm {arm!r}")
     best = max(r["score"] for r in mine)
     near = [r for r in mine if r["score"] >= best - SCORE_TIE]
     return min(near, key=lambda r: r["val_loss"])
 
 
-def select_tau(full_by_length: list[float], sweeps: list[dict], tolerance: float) -> dict:
-    """The smallest tau whose mean validation accuracy is within ``tolerance`` of the full cache's.
+def select_threshold(full_by_length: list[float], sweeps: list[dict], tolerance: float) -> dict:
+    """The smallest threshold whose mean validation accuracy is within ``tolerance`` of the full cache's.
 
-    full_by_length: mean full-cache accuracy per length (over seeds). sweeps: per tau {"tau",
-    "accuracy_by_length", "kept_by_length"} averaged over seeds. Returns {"tau", "accuracy",
-    "full_accuracy", "kept"} (the largest tau if none is within tolerance, with "within": False)."""
+    full_by_length: mean full-cache accuracy per length (over seeds). sweeps: per threshold
+    {"threshold", "accuracy_by_length", "kept_by_length"} averaged over seeds. Returns
+    {"threshold", "accuracy", "full_accuracy", "kept", "within"} (the largest threshold if none
+    is within tolerance, with "within": False)."""
     full = float(np.mean(full_by_length))
-    pts = sorted(sweeps, key=lambda s: s["tau"])
+    pts = sorted(sweeps, key=lambda s: s["threshold"])
     ok = [s for s in pts if np.mean(s["accuracy_by_length"]) >= full - tolerance]
     pick = ok[0] if ok else pts[-1]
     return {
-        "tau": pick["tau"],
+        "threshold": pick["threshold"],
         "accuracy": float(np.mean(pick["accuracy_by_length"])),
         "full_accuracy": full,
         "kept": float(np.mean(pick["kept_by_length"])),

@@ -1,5 +1,7 @@
-"""The tuning preset's second half: select each base method's configuration from the validation
-stages, sweep the selected configuration's own eviction rule, select its tau (fpa.experiments.tuning)."""
+"""The tuning preset's second half: select each core arm's configuration from the validation
+stages; for the arms trained without a rule, sweep the selected configuration's own eviction rule
+and select its inference threshold (fpa.experiments.tuning); a rule-trained arm keeps its
+configuration's training threshold."""
 
 from __future__ import annotations
 
@@ -7,11 +9,10 @@ from collections.abc import Callable
 
 import numpy as np
 
+from fpa.experiments.methods import INFERENCE_RULE_ARMS
 from fpa.experiments.presets import ReproducePreset
 from fpa.experiments.stages import Stages
-from fpa.experiments.tuning import config_rows, select_config, select_tau
-
-OWN_RULE_BASES = ("fpa-walk", "fox")
+from fpa.experiments.tuning import config_rows, select_config, select_threshold
 
 
 def finish_tuning(
@@ -25,7 +26,7 @@ def finish_tuning(
     task: Callable,
     run_id: Callable[[dict], str],
 ) -> dict:
-    """The tuning results dict: {"kind": "tuning", "preset", "tuning": {"seeds", "rows", "selected"}}."""
+    """The tuning results dict: {"kind": "tuning", "preset", "tuning": {"seeds", "rows", "selected", "rule"}}."""
     from fpa.experiments.pool import run_tasks
 
     specs = list(dict.fromkeys(r["spec"].name for r in runs))
@@ -39,38 +40,40 @@ def finish_tuning(
             t = trained[f"train-{run_id(r)}"]
             v["train_val_loss"], v["task_loss_curve"] = t.get("val_loss"), t.get("task_loss_curve")
     rows = config_rows([spec_of[n].to_dict() for n in specs], validation)
-    bases = list(dict.fromkeys(spec_of[n].base for n in specs))
+    arms = list(dict.fromkeys(spec_of[n].arm for n in specs))
     selected = {}
-    for base in bases:
-        row = select_config(rows, base)
-        selected[base] = {
+    for arm in arms:
+        row = select_config(rows, arm)
+        spec = spec_of[row["name"]]
+        selected[arm] = {
             "config": row["name"],
-            "label": row["name"][len(base) + 1 : -1] if "[" in row["name"] else "",
+            "label": row["name"][len(arm) + 1 : -1] if "[" in row["name"] else "",
             "score": row["score"],
             "val_loss": row["val_loss"],
+            "training_threshold": spec.training_threshold,
         }
     sweep_runs = [
-        r for r in runs if r["spec"].base in OWN_RULE_BASES and r["spec"].name == selected[r["spec"].base]["config"]
+        r for r in runs if r["spec"].arm in INFERENCE_RULE_ARMS and r["spec"].name == selected[r["spec"].arm]["config"]
     ]
-    sweeps = run_tasks(stages, [task("sweep", r) for r in sweep_runs], jobs, progress, desc="sweep tau")
-    for base in bases:
-        if base not in OWN_RULE_BASES:
+    sweeps = run_tasks(stages, [task("sweep", r) for r in sweep_runs], jobs, progress, desc="sweep threshold")
+    for arm in arms:
+        if arm not in INFERENCE_RULE_ARMS:
             continue
-        mine = [r for r in sweep_runs if r["spec"].base == base]
+        mine = [r for r in sweep_runs if r["spec"].arm == arm]
         per_seed = [sweeps[f"sweep-{run_id(r)}"]["points"] for r in mine]
         mean_points = [
             {
-                "tau": per_seed[0][i]["tau"],
+                "threshold": per_seed[0][i]["threshold"],
                 "accuracy_by_length": np.mean([s[i]["accuracy_by_length"] for s in per_seed], 0).tolist(),
                 "kept_by_length": np.mean([s[i]["kept_by_length"] for s in per_seed], 0).tolist(),
             }
             for i in range(len(per_seed[0]))
         ]
-        full = next(r for r in rows if r["name"] == selected[base]["config"])["val_passkey_by_length"]
-        selected[base]["eviction"] = {
-            **select_tau(full, mean_points, p.tau_tolerance),
+        full = next(r for r in rows if r["name"] == selected[arm]["config"])["val_passkey_by_length"]
+        selected[arm]["eviction"] = {
+            **select_threshold(full, mean_points, p.threshold_tolerance),
             "sweep": mean_points,
-            "tolerance": p.tau_tolerance,
+            "tolerance": p.threshold_tolerance,
         }
     return {
         "kind": "tuning",
@@ -81,10 +84,12 @@ def finish_tuning(
             "rows": rows,
             "selected": selected,
             "rule": {
-                "config": "highest mean validation passkey accuracy over 1x-"
-                f"{max(p.passkey_multiples)}x (seeds averaged); within 0.01 of the best, "
-                "lowest validation loss",
-                "tau": f"smallest tau whose mean validation accuracy is within {p.tau_tolerance:g} of the full cache's",
+                "config": "per core arm, highest mean validation passkey accuracy over 1x-"
+                f"{max(p.passkey_multiples)}x (seeds averaged, as served: a rule-trained configuration "
+                "under its rule); within 0.01 of the best, lowest validation loss",
+                "threshold": "arms trained without a rule: smallest inference threshold whose mean validation "
+                f"accuracy is within {p.threshold_tolerance:g} of the full cache's; a rule-trained arm: its "
+                "configuration's training threshold",
             },
         },
     }

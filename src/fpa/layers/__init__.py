@@ -1,10 +1,7 @@
-"""Attention layers and the shared transformer block."""
+"""Attention layers and the shared transformer block; ``FPAOptions``, the options of FPA."""
 
 from fpa.layers.attention import (
     ATTENTION_TYPES,
-    FPA_CONFIG_FIELDS,
-    FPA_MODES,
-    LEVEL_OFFSETS,
     AttentionBase,
     FirstPassageAttention,
     ForgettingAttention,
@@ -12,22 +9,23 @@ from fpa.layers.attention import (
     SoftmaxAttention,
     SwiGLU,
     TransformerBlock,
-    config_layer_kwargs,
     make_attention,
 )
+from fpa.layers.options import BETA_ACTIVATIONS, FPA_MODES, LEVEL_OFFSETS, WALK_INCREMENTS, FPAOptions
 
 __all__ = [
     "ATTENTION_TYPES",
-    "FPA_CONFIG_FIELDS",
+    "BETA_ACTIVATIONS",
     "FPA_MODES",
     "LEVEL_OFFSETS",
+    "WALK_INCREMENTS",
     "AttentionBase",
+    "FPAOptions",
     "FirstPassageAttention",
     "ForgettingAttention",
     "RMSNorm",
     "SoftmaxAttention",
     "SwiGLU",
     "TransformerBlock",
-    "config_layer_kwargs",
     "make_attention",
 ]

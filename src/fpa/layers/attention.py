@@ -1,12 +1,6 @@
-"""Attention module family: FPA, FoX and softmax baselines sharing one projection base class.
-
-Every attention module takes hidden states (B, T, hidden) and an optional per-layer cache
-state (a dict, filled in place) and returns (B, T, hidden). With a state, the T new tokens
-are appended after the cached ones (incremental decoding or chunked prefill).
-
-The base class, RMSNorm and SwiGLU live in ``fpa.layers.base``, FPA in
-``fpa.layers.first_passage``; this module re-exports them, defines FoX and the softmax baselines,
-``make_attention`` and the transformer block.
+"""FoX, the softmax baselines, ``make_attention`` (one switch over the attention family) and the
+transformer block. The calling convention of every attention module is fpa.layers.base's; FPA
+lives in fpa.layers.first_passage and its options in fpa.layers.options.
 """
 
 from __future__ import annotations
@@ -18,17 +12,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fpa.layers.base import AttentionBase, RMSNorm, SwiGLU, layer_state
-from fpa.layers.first_passage import (
-    BETA_ACTIVATIONS,
-    FPA_CONFIG_FIELDS,
-    FPA_MODES,
-    LEVEL_OFFSETS,
-    WALK_INCREMENTS,
-    FirstPassageAttention,
-    config_layer_kwargs,
+from fpa.layers.base import AttentionBase, RMSNorm, SwiGLU
+from fpa.layers.first_passage import FirstPassageAttention
+from fpa.layers.fpa_form import (
+    check_training_threshold,
+    continue_walk,
+    dense_weights,
+    evicting_attention,
+    fpa_cached,
+    pad_out,
 )
-from fpa.layers.fpa_form import continue_walk, dense_weights, fpa_cached, pad_out
+from fpa.layers.options import FPAOptions
 from fpa.ops import first_passage_attention, forgetting_attention
 from fpa.ops.cached.paged import alibi_past_bias
 from fpa.ops.cached.state import LayerInfo, LayerState
@@ -36,11 +30,6 @@ from fpa.ops.cached.weights import attention_weights, causal_block_mask
 
 __all__ = [
     "ATTENTION_TYPES",
-    "BETA_ACTIVATIONS",
-    "FPA_CONFIG_FIELDS",
-    "FPA_MODES",
-    "LEVEL_OFFSETS",
-    "WALK_INCREMENTS",
     "AttentionBase",
     "FirstPassageAttention",
     "ForgettingAttention",
@@ -49,8 +38,6 @@ __all__ = [
     "SwiGLU",
     "TransformerBlock",
     "alibi_slopes",
-    "config_layer_kwargs",
-    "layer_state",
     "make_attention",
     "rope",
 ]
@@ -90,10 +77,23 @@ class ForgettingAttention(AttentionBase):
             content_bound=self.content_bound(),
         )
 
+    training_eviction_threshold: float | None = None
+
+    def set_training_eviction(self, threshold: float | None) -> None:
+        """In every forward pass without a cache, hide key j from query i once -sum_{j<u<i} log f_u
+        > ``threshold``: fpa.cache.FoXEviction(threshold, within_chunks=True), in training (as
+        FirstPassageAttention.set_training_eviction does for FPA's rule). None turns it off."""
+        self.training_eviction_threshold = check_training_threshold(threshold)
+
     def _attend(self, q, k, v, x, state, offset, mask=None, pos=None, need_weights=False):
         log_f = F.logsigmoid(self._per_head(self.fgate_proj, x))
         if mask is not None:
             log_f = log_f.masked_fill(~mask[:, None, :], 0.0)  # padding adds no decay
+        if state is None and self.training_eviction_threshold is not None:
+            field, level = pad_out(*(2 * (continue_walk(log_f, None),)), mask)
+            ones = field.new_ones(self.num_heads)
+            thr = self.training_eviction_threshold
+            return evicting_attention(q, k, v, field, level, ones, thr, self.scale, need_weights)
         if state is None and mask is None and not need_weights:
             return forgetting_attention(q, k, v, log_f, check_inputs=False), None
         field, level = pad_out(*(2 * (continue_walk(log_f, state),)), mask)
@@ -237,15 +237,19 @@ def make_attention(
     hidden_size: int,
     num_heads: int,
     num_kv_heads: int | None = None,
-    fpa_mode: str = "free",
+    fpa: FPAOptions | dict | None = None,
     qk_norm: bool = False,
     output_gate: bool = False,
     **kw,
 ) -> AttentionBase:
-    """One switch over the attention family: ``attention`` in ATTENTION_TYPES."""
+    """One switch over the attention family: ``attention`` in ATTENTION_TYPES. ``fpa``: the FPA
+    options (FPAOptions or a dict of its fields; default ``FPAOptions()``), for attention="fpa"
+    only (ValueError otherwise). ``kw``: the chosen class's own other arguments."""
     common: dict[str, Any] = dict(qk_norm=qk_norm, output_gate=output_gate, **kw)
     if attention == "fpa":
-        return FirstPassageAttention(hidden_size, num_heads, num_kv_heads, mode=fpa_mode, **common)
+        return FirstPassageAttention(hidden_size, num_heads, num_kv_heads, options=fpa, **common)
+    if fpa is not None:
+        raise ValueError(f"fpa options are for attention='fpa', got attention={attention!r}")
     if attention == "fox":
         return ForgettingAttention(hidden_size, num_heads, num_kv_heads, **common)
     if attention.startswith("softmax_") and attention in ATTENTION_TYPES:
@@ -254,7 +258,8 @@ def make_attention(
 
 
 class TransformerBlock(nn.Module):
-    """Pre-norm block: x + attn(norm(x)), then x + SwiGLU(norm(x))."""
+    """Pre-norm block: x + attn(norm(x)), then x + SwiGLU(norm(x)); ``attn_kw`` go to
+    ``make_attention`` (e.g. ``fpa=FPAOptions(...)``)."""
 
     def __init__(
         self,
@@ -275,7 +280,7 @@ class TransformerBlock(nn.Module):
     def forward(
         self,
         x: Tensor,
-        state: LayerState | dict | None = None,
+        state: LayerState | None = None,
         attention_mask: Tensor | None = None,
         position_ids: Tensor | None = None,
         output_attentions: bool = False,

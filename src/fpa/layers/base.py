@@ -1,8 +1,8 @@
 """The shared pieces of the attention family: RMSNorm, SwiGLU and the projection base class.
 
 Every attention module takes hidden states (B, T, hidden) and an optional per-layer cache state
-(a fpa.ops.cached.LayerState, e.g. an fpa.cache.LayerCache, or a plain dict, which then keeps
-a LayerState, filled in place) and returns (B, T, hidden). With a state, the T new tokens are
+(a fpa.ops.cached.LayerState, e.g. an fpa.cache.LayerCache, filled in place) and returns
+(B, T, hidden). With a state, the T new tokens are
 appended after the cached ones (incremental decoding or chunked prefill).
 """
 
@@ -52,19 +52,6 @@ class SwiGLU(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """x (..., hidden_size) -> (..., hidden_size)."""
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
-def layer_state(state: LayerState | dict | None) -> LayerState | None:
-    """The decoding state to use: ``state`` itself (a LayerState, e.g. an fpa.cache.LayerCache),
-    or one kept in a plain dict under "layer"."""
-    if state is None or isinstance(state, LayerState):
-        return state
-    if isinstance(state, dict):
-        return state.setdefault("layer", LayerState())
-    raise ValueError(
-        f"state must be a fpa.cache.LayerCache (a fpa.ops.cached.LayerState), a dict or None, "
-        f"got {type(state).__name__}"
-    )
 
 
 class AttentionBase(nn.Module):
@@ -141,7 +128,7 @@ class AttentionBase(nn.Module):
     def forward(
         self,
         x: Tensor,
-        state: LayerState | dict | None = None,
+        state: LayerState | None = None,
         attention_mask: Tensor | None = None,
         position_ids: Tensor | None = None,
         output_attentions: bool = False,
@@ -152,13 +139,17 @@ class AttentionBase(nn.Module):
         no walk and adds no decay (a padded row computes what the row alone computes). position_ids
         (B, T): the positions RoPE/ALiBi and the cache use (default: each row counts its real tokens).
         """
+        if state is not None and not isinstance(state, LayerState):
+            raise ValueError(
+                f"state must be a fpa.cache.LayerCache (a fpa.ops.cached.LayerState) or None, "
+                f"got {type(state).__name__}"
+            )
         B, T, _ = x.shape
         q = self._heads(self.q_proj(x), self.num_heads)
         k = self._heads(self.k_proj(x), self.num_kv_heads)
         v = self._heads(self.v_proj(x), self.num_kv_heads)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        state = layer_state(state)
         if state is not None and state.info is None:
             state.configure(self.cache_info())
         offset = 0 if state is None else state.length

@@ -4,6 +4,8 @@ inspection, and attention against the paged KV cache."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -12,6 +14,7 @@ from fpa.ops.cached.state import LayerState
 from fpa.ops.cached.storage import PAD_BIG
 from fpa.ops.cached.weights import attention_weights, fpa_bias
 from fpa.ops.field import range_min
+from fpa.ops.fpa.evicting import evicting_fpa
 from fpa.ops.softmax import causal_softmax_attention
 
 
@@ -54,13 +57,43 @@ def evicting_bias(field: Tensor, level: Tensor, beta: Tensor, threshold: float, 
     return bias.masked_fill(before, float("-inf"))
 
 
+def check_training_threshold(threshold: object) -> float | None:
+    """A layer's ``set_training_eviction`` argument: None, or a finite number >= 0 (as float).
+    ValueError otherwise."""
+    if threshold is None:
+        return None
+    if (
+        isinstance(threshold, bool)
+        or not isinstance(threshold, (int, float))
+        or not math.isfinite(threshold)
+        or threshold < 0
+    ):
+        raise ValueError(f"threshold must be a finite number >= 0 or None, got {threshold!r}")
+    return float(threshold)
+
+
 def evicting_attention(
-    q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float, need_weights: bool = False
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    field: Tensor,
+    level: Tensor,
+    beta: Tensor,
+    threshold: float,
+    scale: float,
+    need_weights: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
-    """Dense attention under ``evicting_bias``: q (B, Hq, T, D), k, v (B, Hkv, T, D), bias
-    (B, Hq, T, T) -> ((B, Hq, T, D), weights (B, Hq, T, T) or None). O(T^2) memory."""
+    """Attention of a whole sequence under the threshold rule (eviction in the training loop): what
+    ``evicting_bias`` describes, computed by fpa.ops.fpa.evicting.evicting_fpa (the chunked FPA op
+    with each key hidden from the query after its eviction; O(T) memory per query chunk). With
+    ``need_weights``, the dense reference (``evicting_bias`` and softmax, O(T^2) memory) also
+    returns the weights. q (B, Hq, T, D), k, v (B, Hkv, T, D), field, level (B, Hq, T), beta (Hq,)
+    -> ((B, Hq, T, D), weights (B, Hq, T, T) or None)."""
+    if not need_weights:
+        return evicting_fpa(q, k, v, field, level, beta, threshold, scale), None
+    bias = evicting_bias(field, level, beta.reshape(-1).expand(q.shape[1]), threshold, q.shape[1] // k.shape[1])
     out = causal_softmax_attention(q, k, v, bias, scale)
-    return out, (attention_weights(q, k, bias.detach(), scale) if need_weights else None)
+    return out, attention_weights(q, k, bias.detach(), scale)
 
 
 def continue_walk(increments: Tensor, state: LayerState | None) -> Tensor:

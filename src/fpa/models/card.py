@@ -11,8 +11,6 @@ from fpa.data.atomic import atomic_write_text
 CARD_FILE = "README.md"
 _CONFIG_FIELDS = (
     "attention",
-    "fpa_mode",
-    "fpa_parametrisation",
     "num_hidden_layers",
     "hidden_size",
     "num_attention_heads",
@@ -21,13 +19,6 @@ _CONFIG_FIELDS = (
     "vocab_size",
     "qk_norm",
     "output_gate",
-    "fpa_level_offset",
-    "fpa_level_offset_bias_init",
-    "fpa_level_offset_init",
-    "fpa_walk_increment",
-    "fpa_walk_bias_init",
-    "fpa_beta_activation",
-    "fpa_field_lr_multiplier",
     "tie_word_embeddings",
 )
 
@@ -42,7 +33,8 @@ def model_card(
     """The card's Markdown. ``training``: e.g. fpa.train's summary (steps, train_tokens,
     data_dir, val_loss, final_train_loss) plus ``tokenizer``; ``passkey``: {label: accuracy in
     [0, 1]} (e.g. {"1x": 0.9, "8x": 0.4}) or None when not evaluated."""
-    name = config.attention + (f" ({config.fpa_mode})" if config.attention == "fpa" else "")
+    fpa = config.attention == "fpa"
+    name = config.attention + (f" ({config.fpa.mode})" if fpa else "")
     lines = [
         "---",
         "library_name: fpa",
@@ -68,11 +60,9 @@ def model_card(
         "| field | value |",
         "|---|---|",
     ]
-    lines += [
-        f"| {k} | {_fmt(getattr(config, k, None))} |"
-        for k in _CONFIG_FIELDS
-        if config.attention == "fpa" or not k.startswith("fpa_")
-    ]
+    lines += [f"| {k} | {_fmt(getattr(config, k, None))} |" for k in _CONFIG_FIELDS]
+    if fpa:
+        lines += [f"| fpa.{k} | {_fmt(v)} |" for k, v in config.fpa.to_dict().items()]
     if n_parameters is not None:
         lines.append(f"| parameters | {n_parameters:,} |")
     lines += ["", "## Training", ""]

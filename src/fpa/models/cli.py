@@ -8,9 +8,10 @@ import argparse
 def _model_info(args: argparse.Namespace) -> int:
     from fpa.models import FPAConfig, count_parameters
 
-    cfg = FPAConfig.from_preset(args.preset, attention=args.attention, fpa_mode=args.fpa_mode)
+    fpa = {"mode": args.fpa_mode} if args.attention == "fpa" else None
+    cfg = FPAConfig.from_preset(args.preset, attention=args.attention, fpa=fpa)
     n = count_parameters(cfg)
-    print(f"preset={args.preset} attention={cfg.attention} fpa_mode={cfg.fpa_mode}")
+    print(f"preset={args.preset} attention={cfg.attention}" + (f" fpa={cfg.fpa.to_dict()}" if fpa else ""))
     print(
         f"layers={cfg.num_hidden_layers} hidden={cfg.hidden_size} heads={cfg.num_attention_heads} "
         f"kv_heads={cfg.num_key_value_heads} intermediate={cfg.intermediate_size} vocab={cfg.vocab_size} "
@@ -22,6 +23,7 @@ def _model_info(args: argparse.Namespace) -> int:
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``model-info`` subcommand to the ``fpa`` command's subparsers."""
+    from fpa.layers.options import FPA_MODES, FPAOptions
     from fpa.models.configuration_fpa import PRESETS, field_choices
 
     mi = sub.add_parser("model-info", help="parameter count and layout of a preset")
@@ -29,8 +31,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     mi.add_argument("--attention", default="fpa", choices=field_choices("attention"), help="attention type")
     mi.add_argument(
         "--fpa-mode",
-        default="free",
-        choices=field_choices("fpa_mode"),
-        help="FPA field mode (free: field and level heads; walk: one learned walk)",
+        default=FPAOptions().mode,
+        choices=FPA_MODES,
+        help="FPA field mode (walk: one learned walk; free: field and level heads)",
     )
     mi.set_defaults(func=_model_info)

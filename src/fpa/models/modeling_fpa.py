@@ -26,20 +26,23 @@ __all__ = ["CACHE_ARG", "FPAForCausalLM", "FPAModel", "cache_signature", "output
 # What a cache remembers of the model that filled it (FPACache.bind).
 _SIGNATURE_FIELDS = (
     "attention",
-    "fpa_mode",
     "num_hidden_layers",
     "hidden_size",
     "num_attention_heads",
     "num_key_value_heads",
-    "fpa_level_offset",
     "qk_norm",
     "vocab_size",
 )
 
 
 def cache_signature(config) -> dict:
-    """What a cache remembers of the model that filled it."""
-    return {k: getattr(config, k, None) for k in _SIGNATURE_FIELDS}
+    """What a cache remembers of the model that filled it: the fields above, and for FPA the mode
+    and the level offset."""
+    sig = {k: getattr(config, k, None) for k in _SIGNATURE_FIELDS}
+    fpa = getattr(config, "fpa", None)
+    if sig["attention"] == "fpa" and fpa is not None:
+        sig.update(fpa_mode=fpa.mode, fpa_level_offset=fpa.level_offset)
+    return sig
 
 
 class FPAPreTrainedModel(PreTrainedModel):
@@ -51,11 +54,10 @@ class FPAPreTrainedModel(PreTrainedModel):
     supports_gradient_checkpointing = True
 
     def _init_weights(self, module):
-        std = self.config.initializer_range
+        # the embedding here; every other module initialises itself (nn.Linear's default, the
+        # FPA and FoX scalar heads their own)
         if isinstance(module, nn.Embedding):
-            nn.init.normal_(module.weight, std=std)
-        elif isinstance(module, nn.Linear) and not getattr(module, "_fpa_custom_init", False):
-            pass  # layers initialise themselves (nn.Linear default; field/gate heads custom)
+            nn.init.normal_(module.weight, std=self.config.initializer_range)
 
 
 def _resolve_cache(cache, use_cache: bool | None) -> FPACache | None:

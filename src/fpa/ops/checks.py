@@ -132,6 +132,11 @@ def check_per_position(name: str, x: Tensor, B: int, H: int, T: int, ref: Tensor
         ValueError: ``x`` has another shape than (B, H, T), or is on another device than ``ref``.
     """
     check_float(name, x)
+    if tuple(x.shape) == (B, T, H) != (B, H, T):  # q (B, T, H, D) was read as (B, H, T, D)
+        raise ValueError(
+            f"q must have shape (B, Hq, T, D), got {tuple(ref.shape)}, which is (B, T, H, D) beside {name} "
+            f"{tuple(x.shape)}: pass q.transpose(1, 2) (and k, v likewise)"
+        )
     if tuple(x.shape) != (B, H, T):
         raise ValueError(f"{name} must have shape (B, Hq, T) = ({B}, {H}, {T}), got {tuple(x.shape)}")
     check_same_device({"q": ref, name: x})

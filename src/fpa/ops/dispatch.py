@@ -8,6 +8,7 @@ TRITON_INTERPRET=1, for tests), and "auto".
 from __future__ import annotations
 
 import importlib
+import logging
 
 import torch
 from torch import Tensor
@@ -21,6 +22,8 @@ from fpa.ops.fpa.chunked import DEFAULT_CHUNK as FPA_CHUNK
 from fpa.ops.fpa.chunked import fpa_chunked
 from fpa.ops.fpa.reference import fpa_reference
 
+_log = logging.getLogger(__name__)
+
 FPA_BACKENDS = ("auto", "reference", "chunked", "flex", "triton")
 FOX_BACKENDS = ("auto", "reference", "chunked")
 
@@ -32,8 +35,11 @@ def _triton_module():
         return e
 
 
-def backend_unavailable_reason(backend: str, q: Tensor, needs_grad: bool) -> str | None:
-    """Why `backend` cannot run these inputs, or None if it can."""
+def backend_unavailable_reason(
+    backend: str, q: Tensor, needs_grad: bool, Dv: int | None = None, acc: torch.dtype | None = None
+) -> str | None:
+    """Why `backend` cannot run these inputs, or None if it can (Dv: v's head dim, default q's;
+    acc: the math dtype, default q's)."""
     if backend in ("reference", "chunked"):
         return None
     if backend == "flex":
@@ -44,16 +50,48 @@ def backend_unavailable_reason(backend: str, q: Tensor, needs_grad: bool) -> str
         mod = _triton_module()
         if isinstance(mod, ImportError):
             return f"the triton backend could not be imported ({mod})"
-        return mod.unavailable_reason(q, needs_grad)
+        return mod.unavailable_reason(q, needs_grad, Dv, acc)
     raise ValueError(f"backend must be one of {FPA_BACKENDS}, got {backend!r}")
 
 
-def _pick_auto(q: Tensor, needs_grad: bool) -> str:
-    if q.device.type == "cuda":  # only backends verified on this GPU (fpa.ops.gpu_verified)
-        for name in gpu_verified.allowed_backends(str(q.device)):
-            if backend_unavailable_reason(name, q, needs_grad) is None:
-                return name
-    return "chunked"
+def _pick_auto(q: Tensor, needs_grad: bool, Dv: int | None, acc: torch.dtype | None, explain: bool) -> tuple[str, str]:
+    """-> (backend, why in one line if ``explain`` else ""; the reason reads the record, so only on demand)."""
+    if q.device.type != "cuda":
+        return "chunked", f"auto -> chunked: q is on {q.device.type}; auto runs triton or flex only on CUDA"
+    skipped: list[str] = []
+    for name in gpu_verified.allowed_backends(str(q.device)):  # only backends verified on this GPU
+        reason = backend_unavailable_reason(name, q, needs_grad, Dv, acc)
+        if reason is None:
+            if not explain:
+                return name, ""
+            detail = ""
+            if name == "triton":
+                cfg = _triton_module()._cuda_config(q, q.shape[-1] if Dv is None else Dv, acc or checks.math_dtype(q))
+                detail = f"; {cfg.describe()} (compiled clean ahead of time)"
+            why = gpu_verified.explain(str(q.device))
+            return name, f"auto -> {name}: {why}{detail}" + "".join(f"; {s}" for s in skipped)
+        skipped.append(f"{name} cannot run these inputs: {reason}")
+    if not explain:
+        return "chunked", ""
+    return "chunked", f"auto -> chunked: {gpu_verified.explain(str(q.device))}" + "".join(f"; {s}" for s in skipped)
+
+
+def explain_backend(
+    q: Tensor, v: Tensor | None = None, *, needs_grad: bool = False, math_dtype: torch.dtype | None = None
+) -> str:
+    """One line saying which backend ``backend="auto"`` runs for these inputs, and why.
+
+    Args:
+        q: (B, Hq, Tq, D), the queries (device, dtype and head dim decide).
+        v: optional (B, Hkv, Tk, Dv); its head dim matters to the triton kernels (default Dv = D).
+        needs_grad: whether a backward will be needed (flex has none on CPU).
+        math_dtype: the dtype of the field math, default q's (float32, or float64 for float64 q).
+
+    Returns:
+        E.g. "auto -> triton: benchmarks/gpu_check.py passed triton, flex on NVIDIA H100 80GB HBM3
+        (record ...); block 64, num_warps fwd 8 / dq 4 / dkdv 8 (compiled clean ahead of time)".
+    """
+    return _pick_auto(q, needs_grad, None if v is None else v.shape[-1], math_dtype, explain=True)[1]
 
 
 def _check_chunk(chunk_size: int | None, default: int) -> int:
@@ -139,7 +177,10 @@ def first_passage_attention(
         scale: logit scale, default 1 / sqrt(D).
         backend: "auto", "reference", "chunked", "flex" or "triton". "auto" picks triton, then
             flex on CUDA where verified on that GPU (fpa.ops.gpu_verified: benchmarks/gpu_check.py's
-            record or FPA_GPU_BACKENDS), else chunked; chunked on CPU. An explicit backend that cannot run raises a
+            record or FPA_GPU_BACKENDS) and able to run the inputs (triton: a launch configuration
+            compiled clean for this GPU, dtype and head dim, fpa.ops.fpa.triton_configs), else
+            chunked; chunked on CPU. ``explain_backend`` (and a DEBUG log line of logger
+            ``fpa.ops.dispatch``) says why. An explicit backend that cannot run raises a
             ValueError saying why.
         past_min: optional (B, Hq, Tk - Tq), the cache form: for each of the first Tk - Tq keys,
             the field's minimum after that key up to just before the first query (+inf where
@@ -224,9 +265,13 @@ def first_passage_attention(
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
     q, k = _nonempty_head_dim(q, k)
     if backend == "auto":
-        backend = _pick_auto(q, needs_grad)
+        # torch.compile cannot trace a logger: a compiled call explains nothing (explain_backend still can)
+        debug = not torch.compiler.is_compiling() and _log.isEnabledFor(logging.DEBUG)
+        backend, why = _pick_auto(q, needs_grad, v.shape[-1], dt, explain=debug)
+        if debug:
+            _log.debug(why)
     else:
-        reason = backend_unavailable_reason(backend, q, needs_grad)
+        reason = backend_unavailable_reason(backend, q, needs_grad, v.shape[-1], dt)
         if reason is not None:
             raise ValueError(f"backend={backend!r} cannot run here: {reason}")
 

@@ -1,4 +1,5 @@
-"""The field side of FPA: walks, dips, live keys and the FoX conversion (FPA.md sections 2-3).
+"""The field side of FPA: walks, dips, live keys and the FoX conversion (docs/fpa.md, "Definition"
+and "Properties").
 
 Positions are 0-based here. For a query i and key j <= i,
 
@@ -75,7 +76,7 @@ def past_min_from_field(field: Tensor) -> Tensor:
     """Running minimum after each key up to the end: out[..., j] = min_{j < t < T} field[t], +inf at T-1.
 
     field: (..., P) -> (..., P). Differentiable (gradient goes to the argmin position).
-    This is the per-key state a KV cache keeps (FPA.md section 5).
+    This is the per-key state a KV cache keeps (docs/fpa.md, "Eviction rule").
     """
     if field.shape[-1] == 0:
         return field.clone()

@@ -99,3 +99,32 @@ def allowed_backends(device: str) -> tuple[str, ...]:
     except OSError:
         stamp = 0.0
     return _allowed(device, os.environ.get("FPA_GPU_BACKENDS"), stamp)
+
+
+def explain(device: str) -> str:
+    """Why ``allowed_backends(device)`` is what it is, in one clause (for ``explain_backend``)."""
+    allowed = allowed_backends(device)
+    env = os.environ.get("FPA_GPU_BACKENDS")
+    if env is not None:
+        return f"FPA_GPU_BACKENDS={env!r} allows {', '.join(allowed) or 'none'}"
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return f"{device} is not a CUDA device"
+    key = environment_key(dev)
+    entries = [e for e in _read() if isinstance(e.get("key"), dict)]
+    path = record_path()
+    for e in entries:
+        if e["key"] == key:
+            failed = [b for b in GPU_BACKENDS if b not in allowed]
+            return (
+                f"benchmarks/gpu_check.py passed {', '.join(allowed) or 'nothing'}"
+                + (f" and failed {', '.join(failed)}" if failed else "")
+                + f" on {key['device']} (record {path})"
+            )
+    same = [e for e in entries if e["key"].get("device") == key["device"]]
+    if same:
+        changed = [k for k in key if same[-1]["key"].get(k) != key[k]]
+        return (
+            f"the record of benchmarks/gpu_check.py on {key['device']} is stale ({', '.join(changed)} changed; {path})"
+        )
+    return f"no record of benchmarks/gpu_check.py for {key['device']} in {path} and FPA_GPU_BACKENDS unset"

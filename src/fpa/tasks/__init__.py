@@ -10,6 +10,7 @@ TASK_MIXERS = {
     "passkey": "fpa.tasks.passkey:passkey_training_sample",
     "copy": "fpa.tasks.copy:copy_training_sample",
     "passkey+copy": "fpa.tasks.copy:passkey_or_copy_sample",
+    "agent-sessions": "fpa.tasks.agent_sessions:session_training_sample",
 }
 
 # Task probes: "module:function" with f(model, tokenizer, seq_len, device=...) -> float, a loss on
@@ -17,6 +18,7 @@ TASK_MIXERS = {
 TASK_PROBES = {
     "passkey": "fpa.tasks.passkey:answer_loss",
     "passkey+copy": "fpa.tasks.passkey:answer_loss",
+    "agent-sessions": "fpa.tasks.agent_sessions:answer_loss",
 }
 
 

@@ -1,6 +1,6 @@
 """P4 by construction: explicit FPA walk-head parameters, head dimension 1, that attend to the target set.
 
-No training. The layer is ``FirstPassageAttention(V, 1, head_dim=1, mode="walk")`` on one-hot
+No training. The layer is a walk ``FirstPassageAttention(V, 1, head_dim=1, options=...)`` on one-hot
 token embeddings (hidden size = vocabulary size V). Per token the construction sets:
 
 - the walk increment (``{`` / push / call: +1, ``}`` / pop / return: -1, anything else 0), so the
@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from fpa.layers.attention import FirstPassageAttention
+from fpa.layers.options import FPAOptions
 from fpa.tasks.nested import ScopeTask, get_task
 from fpa.tasks.probe import attention_probs, layer_output
 
@@ -59,7 +60,7 @@ def constructed_head(task: str, beta: float = 40.0, content: float = 20.0) -> Fi
     table = torch.from_numpy(token_table(task))
     V = table.shape[0]
     layer = FirstPassageAttention(
-        V, 1, head_dim=1, mode="walk", walk_increment="linear", level_offset="none"
+        V, 1, head_dim=1, options=FPAOptions(mode="walk", walk_increment="linear", level_offset="none")
     )  # field = depth, level = field
     layer.increment_proj.weight.copy_(table[:, 0][None])
     layer.increment_proj.bias.zero_()

@@ -1,4 +1,4 @@
-"""Nested-structure task generators whose answers depend on a stack of live keys (FPA.md P3).
+"""Nested-structure task generators whose answers depend on a stack of live keys (docs/fpa.md, "Properties", P3).
 
 Every task draws a batch of N sequences of length T. Position T - 1 holds the query token; the
 model reads its answer there. A sample is:

@@ -19,58 +19,43 @@ import math
 import torch
 from torch import Tensor, nn
 
-from fpa.layers.attention import (
-    FirstPassageAttention,
-    SoftmaxAttention,
-    alibi_slopes,
-    config_layer_kwargs,
-    make_attention,
-)
+from fpa.layers.attention import SoftmaxAttention, alibi_slopes, make_attention
+from fpa.layers.options import FPAOptions
 
-# method name -> (attention type, extra make_attention kwargs)
-METHODS: dict[str, tuple[str, dict]] = {
-    "fpa_free": ("fpa", {"fpa_mode": "free"}),
-    "fpa_walk": ("fpa", {"fpa_mode": "walk"}),
-    "fox": ("fox", {}),
-    "softmax_alibi": ("softmax_alibi", {}),
-    "softmax_rope": ("softmax_rope", {}),
-    "softmax_nope": ("softmax_nope", {}),
+# The synthetic heads' FPA walk: one learned constant offset per head from 1 (not the library
+# default, level = field): with level = field a one-head walk whose steps are all >= 0 is stuck in
+# the dead zone (docs/design.md, "One FPA options object").
+SYNTH_WALK = FPAOptions(mode="walk", level_offset="head", level_offset_init=1.0)
+
+# method name -> (attention type, the FPA options for attention "fpa", else None)
+METHODS: dict[str, tuple[str, FPAOptions | None]] = {
+    "fpa-free": ("fpa", FPAOptions(mode="free")),
+    "fpa-walk": ("fpa", SYNTH_WALK),
+    "fox": ("fox", None),
+    "softmax-alibi": ("softmax_alibi", None),
+    "softmax-rope": ("softmax_rope", None),
+    "softmax-nope": ("softmax_nope", None),
 }
 
 
 def check_method(name: str) -> None:
-    """Raise ValueError unless ``name`` is one of ``METHODS``."""
+    """Raise ValueError unless ``name`` is one of ``METHODS`` (a former spelling such as
+    "fpa_walk" gets a did-you-mean)."""
     if name not in METHODS:
-        raise ValueError(f"method must be one of {tuple(METHODS)}, got {name!r}")
+        alt = str(name).replace("_", "-")
+        hint = f" (did you mean {alt!r}?)" if alt in METHODS else ""
+        raise ValueError(f"method must be one of {tuple(METHODS)}, got {name!r}{hint}")
 
 
-def fpa_parametrisation(method: str, fpa_kwargs: dict | None = None) -> dict:
-    """The FPA layer's parametrisation a method trains with, library defaults included, under the
-    FPAConfig names (``fpa_mode``, ``fpa_walk_increment``, ``fpa_beta_activation``, ``fpa_beta_init``,
-    ``fpa_level_offset``, and in walk mode ``fpa_walk_bias_init``, with a head offset
-    ``fpa_level_offset_init``), for the record of a run. ``fpa_kwargs``: overrides under the same
-    names (``fpa synth --fpa-kwargs``; ValueError for any other name)."""
+def method_options(method: str, fpa_kwargs: dict | None = None) -> FPAOptions:
+    """The FPA options a method's layer trains with: the method's own, with ``fpa_kwargs``
+    (FPAOptions fields, ``fpa synth --fpa-kwargs``; ValueError for any other name) on top.
+    ValueError for a method without an FPA layer."""
     check_method(method)
-    attention, kw = METHODS[method]
-    if attention != "fpa":
+    opts = METHODS[method][1]
+    if opts is None:
         raise ValueError(f"method {method!r} has no FPA layer")
-    with torch.no_grad():
-        layer = make_attention(attention, 2, 1, head_dim=1, **{**kw, **config_layer_kwargs(fpa_kwargs or {})})
-        if not isinstance(layer, FirstPassageAttention):
-            raise TypeError(f"method {method!r} built a {type(layer).__name__}, not an FPA layer")
-        beta0 = float(layer.beta[0])
-    out = dict(
-        fpa_mode=layer.mode,
-        fpa_walk_increment=layer.walk_increment,
-        fpa_beta_activation=layer.beta_activation,
-        fpa_beta_init=round(beta0, 6),
-        fpa_level_offset=layer.level_offset_kind or "none",
-    )
-    if layer.mode == "walk":
-        out["fpa_walk_bias_init"] = float(layer.increment_proj.bias.detach()[0])
-    if layer.level_offset is not None:
-        out["fpa_level_offset_init"] = float(layer.level_offset.detach()[0])
-    return out
+    return opts.replace(**(fpa_kwargs or {}))
 
 
 def block_diagonal_(lin: nn.Linear, n: int, rescale: bool) -> None:
@@ -86,7 +71,7 @@ def block_diagonal_(lin: nn.Linear, n: int, rescale: bool) -> None:
 
 class PackedModels(nn.Module):
     """``n_models`` independent one-head models of one method. tokens (B, S, T) -> prediction (B, S).
-    ``layer_kwargs`` override the method's ``make_attention`` keyword arguments."""
+    ``layer_kwargs``: FPAOptions fields that override the method's FPA options (FPA methods only)."""
 
     def __init__(
         self,
@@ -103,12 +88,14 @@ class PackedModels(nn.Module):
             raise ValueError(f"dim (head dimension d) must be >= 1, got {dim}")
         if n_models < 1:
             raise ValueError(f"n_models must be >= 1, got {n_models}")
-        attention, kw = METHODS[method]
-        kw = {**kw, **(layer_kwargs or {})}  # e.g. FPA parametrisation variants (fpa.experiments.diagnostic)
+        attention = METHODS[method][0]
+        fpa = method_options(method, layer_kwargs) if attention == "fpa" else None
+        if layer_kwargs and fpa is None:
+            raise ValueError(f"layer_kwargs are FPA options; method {method!r} has no FPA layer")
         S, E = n_models, embed_dim
         self.n_models, self.embed_dim = S, E
         self.embed = nn.Parameter(torch.randn(S, vocab_size, E))
-        self.attn = make_attention(attention, S * E, S, head_dim=dim, **kw)
+        self.attn = make_attention(attention, S * E, S, head_dim=dim, fpa=fpa)
         for name, lin in self.attn.named_children():
             if isinstance(lin, nn.Linear):
                 # q, k, v, o have nn.Linear's default fan-in init; the scalar heads are N(0, std^2)

@@ -12,7 +12,7 @@ from pathlib import Path
 # flags of `fpa train`: every TrainConfig field except these gets --kebab-name (type from the default)
 _SPECIAL = {"model_overrides", "data_source", "progress", "tensorboard", "out_dir", "verify_data"}
 # the flag type of the fields whose default (None) does not give one
-_NONE_DEFAULT_TYPES = {"vocab_size": int, "max_bytes": int, "evict_tau": float}
+_NONE_DEFAULT_TYPES = {"vocab_size": int, "max_bytes": int, "evict_threshold": float}
 
 HELP = {
     "data_dir": "prepared data folder (fpa prepare-data); default: prepare --data-source into OUT_DIR/data",
@@ -45,10 +45,10 @@ HELP = {
     "mix_task": "task whose samples are mixed into training (fpa.tasks.TASK_MIXERS)",
     "mix_rate": "fraction of sequences replaced by --mix-task samples, in [0, 1]",
     "live_reg": "weight of the live-fraction regularizer (fpa.train.regularizers; 0: off; FPA models only)",
-    "live_reg_tau": "eviction threshold whose soft kept fraction the live-fraction regularizer penalises",
-    "evict_tau": "train with FPA's eviction rule in the loop: mask a key once beta * dip > EVICT_TAU, as "
-    "FPAEviction(EVICT_TAU) evicts it when decoding (FPA models only; default: off)",
-    "evict_from_step": "first step trained under --evict-tau (before it, attention as usual)",
+    "live_reg_threshold": "eviction threshold whose soft kept fraction the live-fraction regularizer penalises",
+    "evict_threshold": "train with FPA's eviction rule in the loop: mask a key once beta * dip > EVICT_THRESHOLD, "
+    "as FPAEviction(EVICT_THRESHOLD) evicts it when decoding (FPA models only; default: off)",
+    "evict_from_step": "first step trained under --evict-threshold (before it, attention as usual)",
 }
 
 
@@ -58,15 +58,14 @@ def _choices(name: str) -> tuple | None:
     fixed = {"device": c.DEVICES, "parallel": c.PARALLEL, "precision": c.PRECISIONS, "tokenizer": c.TOKENIZERS}
     if name in fixed:
         return fixed[name]
-    if name in ("preset", "attention", "fpa_mode"):
-        from fpa.models.configuration_fpa import FIELDS, PRESETS
+    if name in ("preset", "attention"):
+        from fpa.models.configuration_fpa import PRESETS, field_choices
 
-        if name == "preset":
-            return tuple(PRESETS)
-        choices = FIELDS[name][1]
-        if not isinstance(choices, tuple):
-            raise TypeError(f"FIELDS[{name!r}] must list its choices as a tuple, got {choices!r}")
-        return choices
+        return tuple(PRESETS) if name == "preset" else field_choices(name)
+    if name == "fpa_mode":
+        from fpa.layers.options import FPA_MODES
+
+        return FPA_MODES
     if name == "mix_task":
         from fpa.tasks import TASK_MIXERS
 
@@ -84,8 +83,19 @@ def _json_dict(text: str) -> dict:
     return d
 
 
+class _Renamed(argparse.Action):
+    """A former flag: a usage error pointing to its new name."""
+
+    def __init__(self, option_strings, dest, new: str, **kw):
+        super().__init__(option_strings, dest, nargs="?", **kw)
+        self.new = new
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(f"unrecognized argument {option_string} (did you mean {self.new}?)")
+
+
 def _train_flags(p: argparse.ArgumentParser) -> None:
-    from fpa.train.config import TrainConfig
+    from fpa.train.config import RENAMED, TrainConfig
 
     p.add_argument("--config", help="JSON or YAML file of TrainConfig settings (flags override it)")
     p.add_argument("--out-dir", help="run folder: checkpoints, metrics.jsonl, model/ (resumes if it has checkpoints)")
@@ -97,7 +107,8 @@ def _train_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model-overrides",
         type=_json_dict,
-        help="JSON object of FPAConfig fields, e.g. '{\"hidden_size\": 64}' (unknown keys are an error)",
+        help="JSON object of FPAConfig fields, e.g. '{\"hidden_size\": 64}', FPA options nested: "
+        '\'{"fpa": {"level_offset": "head"}}\' (unknown keys are an error)',
     )
     p.add_argument("--no-progress", dest="progress", action="store_const", const=False, help="no progress bar")
     p.add_argument(
@@ -108,6 +119,10 @@ def _train_flags(p: argparse.ArgumentParser) -> None:
         help="skip the sha256 check of the shards at start (sizes are still checked)",
     )
     p.add_argument("--tensorboard", action="store_const", const=True, help="also log to TensorBoard (if installed)")
+    for old, new in RENAMED.items():
+        p.add_argument(
+            "--" + old.replace("_", "-"), action=_Renamed, new="--" + new.replace("_", "-"), help=argparse.SUPPRESS
+        )
     for f in fields(TrainConfig):
         if f.name in _SPECIAL:
             continue

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 from dataclasses import asdict, dataclass, field, fields
@@ -11,6 +12,8 @@ DEVICES = ("auto", "cpu", "cuda")
 PARALLEL = ("auto", "none", "ddp", "fsdp")
 PRECISIONS = ("auto", "fp32", "bf16")
 TOKENIZERS = ("byte", "bpe")
+# former spellings of TrainConfig keys -> the current ones (rejected with a did-you-mean)
+RENAMED = {"evict_tau": "evict_threshold", "live_reg_tau": "live_reg_threshold"}
 
 
 @dataclass
@@ -28,7 +31,7 @@ class TrainConfig:
     max_bytes: int | None = None
     preset: str = "tiny"
     attention: str = "fpa"
-    fpa_mode: str = "walk"
+    fpa_mode: str = "walk"  # FPAOptions.mode of the model (attention="fpa"); the default is FPAOptions()'s
     model_overrides: dict = field(default_factory=dict)
     seq_len: int = 256
     batch_size: int = 16
@@ -56,8 +59,10 @@ class TrainConfig:
     verify_data: bool = True  # sha256 of every shard at start (one read of the data); False for huge corpora
     tensorboard: bool = False
     live_reg: float = 0.0  # weight of fpa.train.regularizers.LiveFractionRegularizer (0 = off; FPA models only)
-    live_reg_tau: float = 16.0  # the eviction threshold whose soft kept fraction it penalises
-    evict_tau: float | None = None  # train with FPAEviction(evict_tau) inside attention (None = off; FPA only)
+    live_reg_threshold: float = 16.0  # the eviction threshold whose soft kept fraction it penalises
+    evict_threshold: float | None = (
+        None  # train with FPAEviction(evict_threshold) inside attention (None = off; FPA only)
+    )
     evict_from_step: int = 0  # ... from this step on (before it, attention as usual)
 
     def __post_init__(self) -> None:
@@ -82,27 +87,29 @@ class TrainConfig:
             val = getattr(self, name)
             if not isinstance(val, int) or val < 0:
                 raise ValueError(f"{name} must be a non-negative int, got {val!r}")
-        for name in ("live_reg", "live_reg_tau"):
+        for name in ("live_reg", "live_reg_threshold"):
             val = getattr(self, name)
             bad = isinstance(val, bool) or not isinstance(val, (int, float)) or val < 0
-            if bad or (name == "live_reg_tau" and val == 0):
+            if bad or (name == "live_reg_threshold" and val == 0):
                 raise ValueError(
-                    f"{name} must be a {'positive' if name == 'live_reg_tau' else 'non-negative'} number, got {val!r}"
+                    f"{name} must be a {'positive' if name == 'live_reg_threshold' else 'non-negative'} number, "
+                    f"got {val!r}"
                 )
-        if self.evict_tau is not None:
+        if self.evict_threshold is not None:
             if (
-                isinstance(self.evict_tau, bool)
-                or not isinstance(self.evict_tau, (int, float))
-                or not math.isfinite(self.evict_tau)
-                or self.evict_tau < 0
+                isinstance(self.evict_threshold, bool)
+                or not isinstance(self.evict_threshold, (int, float))
+                or not math.isfinite(self.evict_threshold)
+                or self.evict_threshold < 0
             ):
-                raise ValueError(f"evict_tau must be a finite number >= 0 or None, got {self.evict_tau!r}")
-            if self.attention != "fpa":
+                raise ValueError(f"evict_threshold must be a finite number >= 0 or None, got {self.evict_threshold!r}")
+            if self.attention not in ("fpa", "fox"):
                 raise ValueError(
-                    f"evict_tau needs attention='fpa' (it applies FPA's eviction rule), got {self.attention!r}"
+                    "evict_threshold needs attention='fpa' or 'fox' (it applies the model's own eviction rule), "
+                    f"got {self.attention!r}"
                 )
         elif self.evict_from_step:
-            raise ValueError(f"evict_from_step is {self.evict_from_step} but evict_tau is not set")
+            raise ValueError(f"evict_from_step is {self.evict_from_step} but evict_threshold is not set")
         if self.live_reg > 0 and self.attention != "fpa":
             raise ValueError(f"live_reg needs attention='fpa' (it regularises FPA's penalties), got {self.attention!r}")
         for name in ("lr", "weight_decay", "grad_clip"):
@@ -138,23 +145,33 @@ class TrainConfig:
 
     def _check_model(self) -> None:
         """preset, attention, fpa_mode and every model override, before any data or file is touched."""
-        from fpa.models.configuration_fpa import FIELDS, PRESETS, check_field, check_keys
+        from fpa.layers.options import FPA_MODES, FPAOptions
+        from fpa.models.configuration_fpa import PRESETS, check_field, check_keys
 
         if self.preset not in PRESETS:
             raise ValueError(f"preset must be one of {tuple(PRESETS)}, got {self.preset!r}")
+        check_field("attention", self.attention)
+        if self.fpa_mode not in FPA_MODES:
+            raise ValueError(f"fpa_mode must be one of {FPA_MODES}, got {self.fpa_mode!r}")
         check_keys(self.model_overrides, "model_overrides")
-        for name in ("attention", "fpa_mode"):
-            if name in self.model_overrides:
-                raise ValueError(f"set {name} with the training config's own {name!r} key, not in model_overrides")
-            check_field(name, getattr(self, name))
+        if "attention" in self.model_overrides:
+            raise ValueError("set attention with the training config's own 'attention' key, not in model_overrides")
+        fpa = self.model_overrides.get("fpa")
+        if fpa is not None:
+            FPAOptions.from_dict(fpa, "model_overrides fpa")
+            if isinstance(fpa, FPAOptions) or "mode" in fpa:
+                raise ValueError(
+                    "set the FPA mode with the training config's own 'fpa_mode' key, not in model_overrides fpa"
+                )
+            if self.attention != "fpa":
+                raise ValueError(f"model_overrides fpa needs attention='fpa', got {self.attention!r}")
         for name, val in self.model_overrides.items():
             check_field(name, val)
-        assert set(FIELDS) >= set(self.model_overrides)
         self.model_config(1)  # the whole model config (e.g. hidden_size % heads), before any data is read
 
     def model_config(self, vocab_size: int):
-        """The FPAConfig of this run: the preset with attention / fpa_mode / model_overrides;
-        vocab_size defaults to the tokenizer's (``vocab_size``)."""
+        """The FPAConfig of this run: the preset with attention, fpa_mode (as ``fpa.mode``) and
+        model_overrides; vocab_size defaults to the tokenizer's (``vocab_size``)."""
         from fpa.models.configuration_fpa import FPAConfig
 
         over = {"vocab_size": vocab_size, **self.model_overrides}
@@ -164,7 +181,9 @@ class TrainConfig:
             raise ValueError(
                 f"model_overrides vocab_size ({over['vocab_size']}) is smaller than the tokenizer's ({vocab_size})"
             )
-        return FPAConfig.from_preset(self.preset, attention=self.attention, fpa_mode=self.fpa_mode, **over)
+        if self.attention == "fpa":
+            over["fpa"] = {**over.get("fpa", {}), "mode": self.fpa_mode}
+        return FPAConfig.from_preset(self.preset, attention=self.attention, **over)
 
     def to_dict(self) -> dict:
         """The config as a JSON-serialisable dict (the inverse of ``from_dict``)."""
@@ -180,7 +199,16 @@ class TrainConfig:
         names = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - names)
         if unknown:
-            raise ValueError(f"unknown training config keys {unknown}; valid keys: {sorted(names)}")
+            hints = [
+                f"{k!r} (did you mean {m[0]!r}?)"
+                for k in unknown
+                if (m := [RENAMED[k]] if k in RENAMED else difflib.get_close_matches(k, names, 1))
+            ]
+            raise ValueError(
+                f"unknown training config keys {unknown}"
+                + (f"; {', '.join(hints)}" if hints else "")
+                + f"; valid keys: {sorted(names)}"
+            )
         return cls(**d)
 
     @classmethod

@@ -38,8 +38,8 @@ RESUME_KEYS = (
     "mix_task",
     "mix_rate",
     "live_reg",
-    "live_reg_tau",
-    "evict_tau",
+    "live_reg_threshold",
+    "evict_threshold",
     "evict_from_step",
 )
 
@@ -242,7 +242,7 @@ def _run(cfg: TrainConfig, d: D.Dist, on_step) -> dict:
     if cfg.live_reg > 0:
         from fpa.train.regularizers import LiveFractionRegularizer
 
-        reg = LiveFractionRegularizer(model, cfg.live_reg, cfg.live_reg_tau)
+        reg = LiveFractionRegularizer(model, cfg.live_reg, cfg.live_reg_threshold)
     start, rec = _resume(out, model, opt, cfg, d)
     log = MetricsLog(out, start, cfg.tensorboard) if d.is_main else None
     bar = None
@@ -255,8 +255,8 @@ def _run(cfg: TrainConfig, d: D.Dist, on_step) -> dict:
     model.train()
     for step in range(start, cfg.steps):
         t0 = time.perf_counter()
-        if cfg.evict_tau is not None and step in (start, cfg.evict_from_step):
-            set_training_eviction(model, cfg.evict_tau if step >= cfg.evict_from_step else None)
+        if cfg.evict_threshold is not None and step in (start, cfg.evict_from_step):
+            set_training_eviction(model, cfg.evict_threshold if step >= cfg.evict_from_step else None)
         rec = _train_step(model, opt, batches, step, cfg, d, micro, reg)
         if d.device.type == "cuda":
             torch.cuda.synchronize()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fpa.layers.attention import FirstPassageAttention
+from fpa.layers.attention import FirstPassageAttention, ForgettingAttention
 from fpa.models import FPAForCausalLM
 
 
@@ -16,12 +16,13 @@ def build_model(cfg, vocab_size: int) -> FPAForCausalLM:
 
 
 def set_training_eviction(model: nn.Module, threshold: float | None) -> int:
-    """Eviction in the training loop: every FirstPassageAttention layer of ``model`` masks a key out
-    once beta * dip > ``threshold`` in training mode (``set_training_eviction``); None turns it off.
-    Returns the number of layers set; ValueError if the model has none."""
-    layers = [m for m in model.modules() if isinstance(m, FirstPassageAttention)]
+    """Eviction in the training loop: every FirstPassageAttention (ForgettingAttention) layer of
+    ``model`` masks a key out once its penalty beta * dip (-sum log f) > ``threshold``, in every
+    forward without a cache (``set_training_eviction``); None turns it off. Returns the number of
+    layers set; ValueError if the model has none."""
+    layers = [m for m in model.modules() if isinstance(m, (FirstPassageAttention, ForgettingAttention))]
     if not layers:
-        raise ValueError("eviction in the training loop needs a model with FPA attention layers")
+        raise ValueError("eviction in the training loop needs a model with FPA or FoX attention layers")
     for m in layers:
         m.set_training_eviction(threshold)
     return len(layers)

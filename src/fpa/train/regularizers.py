@@ -1,9 +1,9 @@
 """Training-time regularisers that read the attention layers through forward hooks.
 
 ``LiveFractionRegularizer`` pushes FPA heads to forget: it adds ``weight`` times the mean soft
-live fraction of every FPA head, sigmoid((tau - beta * dip(i, j)) / temperature) averaged over
-the causal pairs j < i of the training batch, to the loss. A key with penalty beta * dip below
-tau counts as live (it would survive ``FPAEviction(tau)``); the regulariser is the differentiable
+live fraction of every FPA head, sigmoid((threshold - beta * dip(i, j)) / temperature) averaged
+over the causal pairs j < i of the training batch, to the loss. A key with penalty beta * dip
+below the threshold counts as live (it would survive ``FPAEviction(threshold)``); the regulariser is the differentiable
 version of the kept fraction that the eviction rule would achieve, so a head that keeps every key
 live (a "global" head) pays for it unless the language-model loss needs those keys.
 """
@@ -21,11 +21,11 @@ class LiveFractionRegularizer:
     """Attach to ``model``; after each forward in training mode, ``penalty()`` returns the term to
     add to the loss (and clears it). ``close()`` removes the hooks."""
 
-    def __init__(self, model: nn.Module, weight: float, tau: float, temperature: float = 1.0):
-        for name, val in (("weight", weight), ("tau", tau), ("temperature", temperature)):
+    def __init__(self, model: nn.Module, weight: float, threshold: float, temperature: float = 1.0):
+        for name, val in (("weight", weight), ("threshold", threshold), ("temperature", temperature)):
             if isinstance(val, bool) or not isinstance(val, (int, float)) or not val > 0:
                 raise ValueError(f"{name} must be a positive number, got {val!r}")
-        self.weight, self.tau, self.temperature = float(weight), float(tau), float(temperature)
+        self.weight, self.threshold, self.temperature = float(weight), float(threshold), float(temperature)
         self._values: list[Tensor] = []
         layers = [m for m in model.modules() if isinstance(m, FirstPassageAttention)]
         if not layers:
@@ -40,7 +40,7 @@ class LiveFractionRegularizer:
         pen = module.beta.float()[None, :, None, None] * dip(field, level)  # (B, H, T(query), T(key))
         T = x.shape[1]
         before = torch.ones(T, T, dtype=torch.bool, device=x.device).tril(-1)  # j < i
-        soft = torch.sigmoid((self.tau - pen) / self.temperature)
+        soft = torch.sigmoid((self.threshold - pen) / self.temperature)
         self._values.append(soft.masked_select(before.expand_as(soft)).mean())
 
     def penalty(self) -> Tensor:

@@ -61,6 +61,7 @@ def fpa_rows(
     r1: int,
     scale: float,
     grads: tuple[Tensor, Tensor, Tensor] | None = None,
+    hide: Tensor | None = None,
     *,
     lib: ctypes.CDLL,
 ) -> None:
@@ -85,6 +86,8 @@ def fpa_rows(
         scale: Softmax scale.
         grads: (dvirtual (BH, Tq + P), dlevel (BH, Tk), dbeta (BH,) float64), accumulated by the
             backward.
+        hide: (BH, Tk) int64 or None: key j is hidden (score -inf, no gradient) from every query
+            at position >= hide[j] (positions count the P earlier keys).
         lib: The loaded kernels (``loader.require()``).
 
     Raises:
@@ -120,7 +123,8 @@ def fpa_rows(
         _arr("dbeta", db, torch.float64, BH, want),
     ]
     fn = getattr(lib, f"fpa_{'bwd' if bwd else 'fwd'}_{sfx}")
-    fn(*ptrs, BH, Hq, Tq, P, r0, r1, float(scale), int(want), *gp)
+    hp = _arr("hide", hide, torch.int64, BH * (P + Tq), required=False)
+    fn(*ptrs, BH, Hq, Tq, P, r0, r1, float(scale), int(want), *gp, hp)
 
 
 def fox_rows(
@@ -243,6 +247,7 @@ def fpa_whole(
     chunk: int,
     scale: float,
     grads: tuple[Tensor, Tensor, Tensor] | None = None,
+    hide: Tensor | None = None,
     *,
     lib: ctypes.CDLL,
 ) -> None:
@@ -266,6 +271,7 @@ def fpa_whole(
         chunk: Query chunk length.
         scale: Softmax scale.
         grads: (dvirtual, dlevel, dbeta) as in :func:`fpa_rows`, accumulated by the backward.
+        hide: (B * Hq, Tk) int64 or None, as in :func:`fpa_rows`.
         lib: The loaded kernels (``loader.require()``).
 
     Raises:
@@ -292,6 +298,7 @@ def fpa_whole(
         _arr("dvirtual", dv_, dt, BH * (Tq + P), want),
         _arr("dlevel", dl, dt, BH * (P + Tq), want),
         _arr("dbeta", db, torch.float64, BH, want),
+        _arr("hide", hide, torch.int64, BH * (P + Tq), required=False),
     )
 
 

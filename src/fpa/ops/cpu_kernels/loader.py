@@ -28,10 +28,10 @@ _whole_ok = False  # the whole-op driver (GEMMs through the BLAS's sgemm_/dgemm_
 
 # The C signatures (csrc/fpa_rows.cpp, csrc/fpa_whole.cpp); fpa.ops.cpu_kernels.calls passes the arguments.
 _I64, _P, _D = ctypes.c_int64, ctypes.c_void_p, ctypes.c_double
-_FPA_ARGS = [_P, _P, _P, _P, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _I64, _I64, _D, ctypes.c_int, _P, _P, _P]
+_FPA_ARGS = [_P, _P, _P, _P, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _I64, _I64, _D, ctypes.c_int, _P, _P, _P, _P]
 _FOX_ARGS = [_P, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _I64, _D, ctypes.c_int, _P]
 _WHOLE = [_P] * 10 + [_I64] * 6 + [_D]
-_FPA_WHOLE = [*_WHOLE, _P, _P, _P, _P, _I64, _I64, ctypes.c_int, _P, _P, _P]
+_FPA_WHOLE = [*_WHOLE, _P, _P, _P, _P, _I64, _I64, ctypes.c_int, _P, _P, _P, _P]
 _FOX_WHOLE = [*_WHOLE, _P, _I64, ctypes.c_int, _P]
 
 

@@ -9,7 +9,7 @@
 //             gradients (FPA: field/past_min via the argmin routing, level, beta; FoX: cum).
 //
 // Columns past the causal limit are written as 0. FPA bias: beta * min(0, M(i, j) - level_j),
-// M = min of the field over (j, i] (FPA.md section 5): min(A_j, Pc_i) for keys before the chunk,
+// M = min of the field over (j, i] (docs/fpa.md, "Computing it fast"): min(A_j, Pc_i) for keys before the chunk,
 // an incrementally updated local minimum inside it. FoX bias: cum_i - cum_j.
 //
 // Numerics: built without -ffast-math, so the compiler keeps every rounding the source writes. Sums
@@ -203,6 +203,7 @@ struct FpaArgs {  // FPA bias of row blocks bh = b * Hq + h
   int want;
   T *dvirt, *dlevel;  // (BH, Tq + P), (BH, Tk)
   double* dbeta;      // (BH,)
+  const i64* hide;    // (BH, Tk) or null: key j is hidden from every query at position >= hide[j]
 };
 
 template <typename T>
@@ -234,6 +235,7 @@ static void fpa_block(T* S, T* dP, T* lse, const T* delta, const FpaArgs<T>& a, 
   const T* pm = a.past_min + bh * P;
   const T* lv = a.level + bh * Tk;
   const T b = a.beta[bh % a.Hq];
+  const i64* hid = a.hide ? a.hide + bh * Tk : nullptr;
   const int want = BWD && a.want;
   T* dlv = want ? a.dlevel + bh * Tk : nullptr;
   T* dvt = want ? a.dvirt + bh * (Tq + P) : nullptr;
@@ -271,6 +273,9 @@ static void fpa_block(T* S, T* dP, T* lse, const T* delta, const FpaArgs<T>& a, 
     Ml[i] = INF;
     Mls[i] = r;
     T* row = S + i * K;
+    if (hid)  // a hidden key's raw score is -inf: probability 0 and dS 0, so no gradient either
+      for (i64 j = 0; j < p; ++j)
+        if (p >= hid[j]) row[j] = -INF;
     if (!BWD) {
 #pragma omp simd
       for (i64 j = 0; j < nb; ++j) {
@@ -357,4 +362,4 @@ static void fox_block(T* S, T* dP, T* lse, const T* delta, const FoxArgs<T>& a, 
 
 #define FPA_ARGS(T)                                                                                          \
   FpaArgs<T> a{(const T*)field, (const T*)past_min, (const T*)level, (const T*)beta, Hq, Tq, P, want, (T*)dvirt, \
-               (T*)dlevel, dbeta}
+               (T*)dlevel, dbeta, (const i64*)hide}

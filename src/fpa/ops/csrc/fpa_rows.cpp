@@ -21,7 +21,7 @@ static void rows_all(T* S, T* dP, T* lse, const T* delta, const Args& a, i64 BH,
   extern "C" void NAME(void* S, void* dP, void* lse, const void* delta, const void* field,             \
                        const void* past_min, const void* level, const void* beta, i64 BH, i64 Hq,        \
                        i64 Tq, i64 P, i64 r0, i64 r1, double scale, int want, void* dvirt,                \
-                       void* dlevel, double* dbeta) {                                                   \
+                       void* dlevel, double* dbeta, const void* hide) {                                 \
     FPA_ARGS(T);                                                                                        \
     rows_all<T, BWD>((T*)S, (T*)dP, (T*)lse, (const T*)delta, a, BH, Tq, r0, r1, scale, fpa_block<T, BWD>); \
   }

@@ -83,7 +83,8 @@ static void whole(const T* q, const T* k, const T* v, T* out, const T* dout, T* 
                 (T*)dq, (T*)dk, (T*)dv, a, BKV, G, Tq, D, Dv, chunk, scale, BLOCK<T, BWD>)
 #define FPA_WHOLE(NAME, T, BWD)                                                                           \
   extern "C" void NAME(WHOLE_PARAMS, const void* field, const void* past_min, const void* level,         \
-                       const void* beta, i64 Hq, i64 P, int want, void* dvirt, void* dlevel, double* dbeta) { \
+                       const void* beta, i64 Hq, i64 P, int want, void* dvirt, void* dlevel, double* dbeta, \
+                       const void* hide) {                                                               \
     FPA_ARGS(T);                                                                                          \
     WHOLE_CALL(T, BWD, fpa_block);                                                                        \
   }

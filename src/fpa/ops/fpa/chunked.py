@@ -1,4 +1,4 @@
-"""Query-chunked FPA (FPA.md section 5) with a hand-written backward. CPU path and GPU fallback.
+"""Query-chunked FPA (docs/fpa.md, "Computing it fast") with a hand-written backward. CPU path and GPU fallback.
 
 For the query chunk [r0, r1) (new-position coordinates) and a key j before the chunk,
     M(i, j) = min(A_j, Pc_i),  A_j = min of the field after j up to r0 - 1 (the past keys'
@@ -23,17 +23,29 @@ DEFAULT_CHUNK = 64
 class _FPAChunkBias:
     """-beta * dip for one query chunk. Tensors in the grouped layout (B, Hkv, G, ...)."""
 
-    def __init__(self, field: Tensor, past_min: Tensor, level: Tensor, beta: Tensor, want_grad: bool):
+    def __init__(
+        self,
+        field: Tensor,
+        past_min: Tensor,
+        level: Tensor,
+        beta: Tensor,
+        want_grad: bool,
+        hide: Tensor | None = None,
+    ):
         self.field = field  # (B, Hkv, G, Tq): the field at the query positions
         self.past_min = past_min  # (B, Hkv, G, P)
         self.level = level  # (B, Hkv, G, Tk)
         self.beta = beta  # (1, Hkv, G, 1, 1)
+        self.hide = hide  # (B, Hkv, G, Tk) int64 or None: key j hidden from queries at positions >= hide[j]
         self.Tq, self.P = field.shape[-1], past_min.shape[-1]
         self.fused = loader.usable(field, past_min, level, beta)
+        self.hide_rows = None
         if self.fused:  # row-block layout (B * Hq, n) of the C++ rows
             bh = field.shape[0] * field.shape[1] * field.shape[2]
             self.rows = [x.reshape(bh, x.shape[-1]).contiguous() for x in (field, past_min, level)]
             self.beta_h = beta.reshape(-1).contiguous()  # (Hq,)
+            if hide is not None:
+                self.hide_rows = hide.reshape(bh, hide.shape[-1]).contiguous()
         if want_grad:
             # Gradient of the "virtual" vector [field | past_min]: every minimum comes from one of them.
             self.dvirtual = field.new_zeros(*field.shape[:-1], self.Tq + self.P)
@@ -46,7 +58,20 @@ class _FPAChunkBias:
     def rows_forward(self, S: Tensor, lse: Tensor, r0: int, r1: int, scale: float) -> None:
         f, pm, lv = self.rows
         calls.fpa_rows(
-            S, None, lse, None, f, pm, lv, self.beta_h, self.beta_h.shape[0], r0, r1, scale, lib=loader.require()
+            S,
+            None,
+            lse,
+            None,
+            f,
+            pm,
+            lv,
+            self.beta_h,
+            self.beta_h.shape[0],
+            r0,
+            r1,
+            scale,
+            hide=self.hide_rows,
+            lib=loader.require(),
         )
 
     def rows_backward(
@@ -57,7 +82,21 @@ class _FPAChunkBias:
         if want:
             grads = (self.dvirtual.view(lv.shape[0], -1), self.dlevel.view(lv.shape), self.dbeta_bh)
         calls.fpa_rows(
-            S, dP, lse, delta, f, pm, lv, self.beta_h, self.beta_h.shape[0], r0, r1, scale, grads, lib=loader.require()
+            S,
+            dP,
+            lse,
+            delta,
+            f,
+            pm,
+            lv,
+            self.beta_h,
+            self.beta_h.shape[0],
+            r0,
+            r1,
+            scale,
+            grads,
+            hide=self.hide_rows,
+            lib=loader.require(),
         )
 
     def whole(
@@ -95,6 +134,7 @@ class _FPAChunkBias:
             chunk,
             scale,
             bias_grads,
+            hide=self.hide_rows,
             lib=loader.require(),
         )
 
@@ -145,8 +185,16 @@ class _FPAChunkBias:
         neg_dip = m.sub_(self.level[..., None, :K]).clamp_(max=0)  # -dip, in place
         if keep:
             self._kept = (r0, r1, neg_dip, a_vals, a_src, pc.values, pc.indices, local_idx)
-            return neg_dip * self.beta
-        return neg_dip.mul_(self.beta)
+            return self._hidden(neg_dip * self.beta, r0, r1)
+        return self._hidden(neg_dip.mul_(self.beta), r0, r1)
+
+    def _hidden(self, bias: Tensor, r0: int, r1: int) -> Tensor:
+        """``bias`` (..., r1 - r0, P + r1) with -inf at the hidden (query, key) pairs, in place
+        (the kept -dip stays finite: its gradient terms are 0 * finite there)."""
+        if self.hide is None:
+            return bias
+        pos = self.P + torch.arange(r0, r1, device=bias.device)
+        return bias.masked_fill_(pos[:, None] >= self.hide[..., None, : self.P + r1], float("-inf"))
 
     def backward(self, r0: int, r1: int, ds: Tensor) -> None:
         if self._kept is None or self._kept[:2] != (r0, r1):

@@ -1,4 +1,4 @@
-"""FPA as a FlexAttention score_mod on a sparse-table range minimum (FPA.md section 5).
+"""FPA as a FlexAttention score_mod on a sparse-table range minimum (docs/fpa.md, "Computing it fast").
 
 With ST[k][t] = min(field[t .. t + 2^k - 1]), the minimum over (j, i] is
 min(ST[k][j + 1], ST[k][i - 2^k + 1]) for k = floor(log2(i - j)): a pointwise function of
@@ -60,18 +60,15 @@ def _compiled_flex():
     return torch.compile(flex_attention, dynamic=False)
 
 
-def fpa_flex(
-    q: Tensor, k: Tensor, v: Tensor, field: Tensor, level: Tensor, past_min: Tensor, beta: Tensor, scale: float
-) -> Tensor:
-    """Cache form: q (B, Hq, Tq, D); k, v (B, Hkv, Tk, *); field (B, Hq, Tq); level (B, Hq, Tk);
-    past_min (B, Hq, Tk - Tq); beta (Hq,) -> (B, Hq, Tq, Dv)."""
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-
-    B, Hq, Tq, _ = q.shape
-    Hkv, Tk = k.shape[1], k.shape[2]
+def fpa_score_mod(field: Tensor, level: Tensor, past_min: Tensor, beta: Tensor, Tk: int):
+    """FPA's score_mod for FlexAttention: field (B, Hq, Tq) at the query positions, level (B, Hq, Tk),
+    past_min (B, Hq, Tk - Tq), beta (Hq,) -> score_mod(score, b, h, q_idx, kv_idx) = score - beta[h]
+    * dip, in float64 for float64 fields, else float32. Pointwise in its index arguments, so it
+    also evaluates whole broadcast index grids (``dense_scores``)."""
+    B, Hq, Tq = field.shape
     P = Tk - Tq
-    dev = q.device
-    dt = torch.float64 if q.dtype == torch.float64 else torch.float32
+    dev = field.device
+    dt = torch.float64 if field.dtype == torch.float64 else torch.float32
     f = field.to(dt)
     st = sparse_table(f)
     n = torch.arange(Tq + 1, device=dev)
@@ -97,23 +94,60 @@ def fpa_flex(
         d = torch.where(j == q_idx, torch.zeros_like(d), d)
         return score - b_h[h] * d
 
+    return score_mod
+
+
+def dense_scores(score_mod, scores: Tensor) -> Tensor:
+    """score_mod applied to every entry of scores (B, H, Tq, Tk) at once, through broadcast index grids
+    (FlexAttention's own math, without its kernel) -> (B, H, Tq, Tk); differentiable everywhere."""
+    grids = [
+        torch.arange(n, device=scores.device).view([n if d == dim else 1 for d in range(4)])
+        for dim, n in enumerate(scores.shape)
+    ]
+    return score_mod(scores, *grids)
+
+
+def fpa_flex(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    field: Tensor,
+    level: Tensor,
+    past_min: Tensor,
+    beta: Tensor,
+    scale: float,
+    compiled: bool | None = None,
+) -> Tensor:
+    """Cache form: q (B, Hq, Tq, D); k, v (B, Hkv, Tk, *); field (B, Hq, Tq); level (B, Hq, Tk);
+    past_min (B, Hq, Tk - Tq); beta (Hq,) -> (B, Hq, Tq, Dv).
+
+    compiled: run FlexAttention through torch.compile (its fused kernel); default True on CUDA and
+        False on CPU. On CPU the compiled kernel has no backward either: inputs are detached.
+    """
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    Hq, Tq = q.shape[1], q.shape[2]
+    Hkv, Tk = k.shape[1], k.shape[2]
+    P = Tk - Tq
+    dev = q.device
+    dt = torch.float64 if q.dtype == torch.float64 else torch.float32
+    score_mod = fpa_score_mod(field, level, past_min, beta, Tk)
+
     def causal(b, h, q_idx, kv_idx):
         return kv_idx <= q_idx + P
 
     block_mask = create_block_mask(causal, None, None, Tq, Tk, device=dev)
+    compiled = dev.type == "cuda" if compiled is None else compiled
     if dev.type == "cpu":
+        # detach: dispatch has checked that no gradient is needed (no backward on CPU)
+        args = (q.detach().to(dt), k.detach().to(dt), v.detach().to(dt))
+        if compiled:
+            score_mod = fpa_score_mod(field.detach(), level.detach(), past_min.detach(), beta.detach(), Tk)
+            out = _compiled_flex()(*args, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=Hq != Hkv)
+            return out.to(q.dtype)
         with warnings.catch_warnings():  # the eager, unfused path is expected on CPU
             warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
-            # detach: dispatch has checked that no gradient is needed (no backward on CPU)
-            out = flex_attention(
-                q.detach().to(dt),
-                k.detach().to(dt),
-                v.detach().to(dt),
-                score_mod=score_mod,
-                block_mask=block_mask,
-                scale=scale,
-                enable_gqa=Hq != Hkv,
-            )
+            out = flex_attention(*args, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=Hq != Hkv)
         return out.to(q.dtype)
     out = _compiled_flex()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=Hq != Hkv)
     return out

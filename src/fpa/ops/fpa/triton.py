@@ -1,4 +1,5 @@
-"""Tiled, FlashAttention-style First Passage Attention in Triton (FPA.md section 5), forward and backward.
+"""Tiled, FlashAttention-style First Passage Attention in Triton, forward and backward
+(docs/fpa.md, "Computing it fast").
 
 Per (query tile I, key tile J) the range minimum costs O(1) per score: the key tile's in-tile
 suffix minimum (with past_min folded in), one running scalar for the tiles strictly between
@@ -31,16 +32,83 @@ Key tiles before the query block see the field between only through the query po
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from fpa.ops.checks import math_dtype
+from fpa.ops.fpa import triton_configs as configs
 from fpa.ops.fpa import triton_prep as prep
 
-CUDA_BLOCK = 64  # 16-bit inputs; float32/float64 use CUDA_BLOCK_WIDE (register pressure, compile time)
-CUDA_BLOCK_WIDE = 32
 INTERPRETER_BLOCK = 16
+
+Launcher = Callable[[str, tuple[int, int], tuple, dict, dict], None]
+
+
+def _run_kernel(kernel: str, grid: tuple[int, int], args: tuple, consts: dict, options: dict) -> None:
+    from fpa.ops.fpa import triton_kernels
+
+    getattr(triton_kernels, kernel)[grid](*args, **consts, **options)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """The tile, launch options and mode of one call: on CUDA an entry of triton_configs.CONFIGS."""
+
+    block: int
+    config: configs.LaunchConfig | None  # None: the interpreter (launch options unused)
+
+    @property
+    def interpreted(self) -> bool:
+        return self.config is None
+
+    def options(self, kernel: str) -> dict:
+        return {} if self.config is None else self.config.options(kernel)
+
+
+def kernel_constexprs(dtype: torch.dtype, acc: torch.dtype, D: int, Dv: int, plan: _Plan) -> dict:
+    """The constexpr arguments of every kernel for inputs of ``dtype``, math dtype ``acc`` and head
+    dims D, Dv. Interpreted: head dims padded to a power of two >= 16 and bfloat16 dots upcast
+    (the interpreter multiplies bfloat16 wrongly); compiled: padded as triton_configs.padded_head_dim."""
+    import triton.language as tl
+
+    if plan.interpreted:
+        bd, bdv = (max(16, 1 << max(n - 1, 0).bit_length()) for n in (D, Dv))
+    else:
+        bd = bdv = configs.padded_head_dim(D, Dv)
+    return dict(
+        BLOCK=plan.block,
+        BD=bd,
+        BDV=bdv,
+        ACC=tl.float64 if acc == torch.float64 else tl.float32,
+        PREC="ieee" if dtype == torch.float32 else None,
+        UPCAST=plan.interpreted and dtype == torch.bfloat16,
+    )
+
+
+def _cuda_config(q: Tensor, Dv: int, acc: torch.dtype) -> configs.LaunchConfig | str:
+    arch, name = configs.cuda_arch(q.device)
+    return configs.lookup(arch, name, q.dtype, acc, q.shape[-1], Dv)
+
+
+def _plan(q: Tensor, Dv: int, acc: torch.dtype, block: int | None) -> _Plan:
+    """Interpreter: ``block`` (default INTERPRETER_BLOCK). CUDA: the compiled-clean configuration;
+    ``block`` must then be None (the tile belongs to the configuration)."""
+    if q.device.type != "cuda":
+        block = INTERPRETER_BLOCK if block is None else block
+        if block < 16 or block & (block - 1):
+            raise ValueError(f"block must be a power of two >= 16, got {block}")
+        return _Plan(block, None)
+    if block is not None:
+        raise ValueError(
+            f"block must be None on CUDA (the tile comes with the compiled-clean configuration), got {block}"
+        )
+    cfg = _cuda_config(q, Dv, acc)
+    if isinstance(cfg, str):
+        raise ValueError(f"the triton backend cannot run these inputs: {cfg}")
+    return _Plan(cfg.block, cfg)
 
 
 def interpreter_active() -> bool:
@@ -48,30 +116,36 @@ def interpreter_active() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-def unavailable_reason(q: Tensor, needs_grad: bool) -> str | None:
-    """Why the triton backend cannot run q, or None. CPU tensors only under TRITON_INTERPRET=1."""
+def unavailable_reason(
+    q: Tensor, needs_grad: bool, Dv: int | None = None, acc: torch.dtype | None = None
+) -> str | None:
+    """Why the triton backend cannot run q, or None. CPU tensors only under TRITON_INTERPRET=1; CUDA
+    only where a compiled-clean configuration exists (triton_configs) for the GPU, q's dtype, the
+    math dtype ``acc`` (default: q's) and the head dims (Dv default: q's D)."""
     try:
         import triton  # noqa: F401
     except ImportError as e:  # pragma: no cover - depends on the install
         return f"triton is not installed ({e})"
-    if q.device.type == "cuda" or (q.device.type == "cpu" and interpreter_active()):
+    if q.device.type == "cuda":
+        cfg = _cuda_config(q, q.shape[-1] if Dv is None else Dv, math_dtype(q) if acc is None else acc)
+        return cfg if isinstance(cfg, str) else None
+    if q.device.type == "cpu" and interpreter_active():
         return None
     return f"the triton kernel needs a CUDA tensor (q is on {q.device}); set TRITON_INTERPRET=1 to run it on CPU"
-
-
-def _pow2(n: int) -> int:
-    return max(16, 1 << max(n - 1, 0).bit_length())
 
 
 class _Launch:
     """Everything both passes need: flattened contiguous inputs, the tiling, prepared field rows."""
 
-    def __init__(self, q, k, v, field, level, past_min, beta, scale, block, skip_tolerance, with_src):
+    def __init__(
+        self, q, k, v, field, level, past_min, beta, scale, plan: _Plan, skip_tolerance, with_src, launcher=_run_kernel
+    ):
         B, Hq, Tq, D = q.shape
         Hkv, Tk, Dv = k.shape[1], k.shape[2], v.shape[3]
         self.shape = (B, Hq, Hkv, Tq, Tk, D, Dv)
         self.acc = math_dtype(q, field, level)
-        self.t = prep.make_tiling(Tq, Tk, block)
+        self.plan, self.launcher = plan, launcher
+        self.t = prep.make_tiling(Tq, Tk, plan.block)
         self.q = q.reshape(B * Hq, Tq, D).contiguous()
         self.k = k.reshape(B * Hkv, Tk, D).contiguous()
         self.v = v.reshape(B * Hkv, Tk, Dv).contiguous()
@@ -110,33 +184,27 @@ class _Launch:
         t = self.t
         return (self.scale, Tq, Tk, t.pad, t.nP, t.nQ, t.nK, Hq, Hq // Hkv, D, Dv)
 
-    def consts(self):
-        import triton.language as tl
+    def consts(self) -> dict:
+        return kernel_constexprs(self.q.dtype, self.acc, self.shape[5], self.shape[6], self.plan)
 
-        D, Dv = self.shape[5], self.shape[6]
-        acc = tl.float64 if self.acc == torch.float64 else tl.float32
-        prec = "ieee" if self.q.dtype == torch.float32 else None
-        upcast = interpreter_active() and self.q.dtype == torch.bfloat16
-        return dict(BLOCK=self.t.block, BD=_pow2(D), BDV=_pow2(Dv), ACC=acc, PREC=prec, UPCAST=upcast)
+    def launch(self, kernel: str, grid: tuple[int, int], *args) -> None:
+        """Run ``kernel`` (a name in KERNELS) with these constexprs and the plan's launch options."""
+        self.launcher(kernel, grid, args, self.consts(), self.plan.options(kernel))
 
 
 def _forward(L: _Launch) -> tuple[Tensor, Tensor, Tensor]:
     """-> out (BH, Tq, Dv) in q's dtype, lse (BH, Lq) in the math dtype, skipped-tile counts (BH, nQ)."""
-    from fpa.ops.fpa.triton_kernels import _fwd_kernel
-
     B, Hq, Hkv, Tq, Tk, D, Dv = L.shape
     BH, t = B * Hq, L.t
     out = L.q.new_empty(BH, Tq, Dv)
     lse = torch.empty(BH, t.Lq, dtype=L.acc, device=L.q.device)
     nskip = torch.zeros(BH, t.nQ, dtype=torch.int32, device=L.q.device)
-    _fwd_kernel[(t.nQ, BH)](*L.grid_args(), out, lse, nskip, *L.scalars(), **L.consts())
+    L.launch("_fwd_kernel", (t.nQ, BH), *L.grid_args(), out, lse, nskip, *L.scalars())
     return out, lse, nskip
 
 
 def _backward(L: _Launch, out: Tensor, lse: Tensor, dout: Tensor):
     """-> dq, dk, dv (flattened layouts, input dtypes), dfield (BH, Tq), dpast (BH, P), dlevel (BH, Tk), dbeta (Hq,)."""
-    from fpa.ops.fpa.triton_kernels import _bwd_dkdv_kernel, _bwd_dq_kernel
-
     B, Hq, Hkv, Tq, Tk, D, Dv = L.shape
     BH, t, dev = B * Hq, L.t, L.q.device
     dout = dout.reshape(BH, Tq, Dv).contiguous()
@@ -146,10 +214,10 @@ def _backward(L: _Launch, out: Tensor, lse: Tensor, dout: Tensor):
     new = lambda *shape: torch.zeros(*shape, dtype=L.acc, device=dev)  # noqa: E731
     dq = torch.empty_like(L.q)
     dpref, ddiag, dtile, dbeta = new(BH, t.Lq), new(BH, t.Lq), new(BH, t.nK), new(BH, t.nQ)
-    _bwd_dq_kernel[(t.nQ, BH)](*L.grid_args(), *common, dq, dpref, ddiag, dtile, dbeta, *L.scalars(), **L.consts())
+    L.launch("_bwd_dq_kernel", (t.nQ, BH), *L.grid_args(), *common, dq, dpref, ddiag, dtile, dbeta, *L.scalars())
     dk, dv = torch.empty_like(L.k), torch.empty_like(L.v)
     dlevel, dsfx = new(BH, t.Lk), new(BH, t.Lk)
-    _bwd_dkdv_kernel[(t.nK, B * Hkv)](*L.grid_args(), *common, dk, dv, dlevel, dsfx, *L.scalars(), **L.consts())
+    L.launch("_bwd_dkdv_kernel", (t.nK, B * Hkv), *L.grid_args(), *common, dk, dv, dlevel, dsfx, *L.scalars())
     dfield, dpast = prep.route_field_grads(L.tiles, t, dsfx, dtile, dpref, ddiag)
     dbeta = dbeta.view(B, Hq, t.nQ).sum(dim=(0, 2))
     return dq, dk, dv, dfield, dpast, dlevel[:, t.pad : t.pad + Tk], dbeta
@@ -160,23 +228,23 @@ class FPATritonFunction(torch.autograd.Function):
     recomputes the tiles with the sources of the minima and returns gradients in the inputs' dtypes."""
 
     @staticmethod
-    def forward(ctx, q, k, v, field, level, past_min, beta, scale: float, block: int, skip_tolerance):
+    def forward(ctx, q, k, v, field, level, past_min, beta, scale: float, plan: _Plan, skip_tolerance):
         """q (B, Hq, Tq, D), k, v (B, Hkv, Tk, D/Dv), field (B, Hq, Tq), level (B, Hq, Tk),
         past_min (B, Hq, Tk - Tq), beta (Hq,) -> out (B, Hq, Tq, Dv) in q's dtype."""
-        L = _Launch(q, k, v, field, level, past_min, beta, scale, block, skip_tolerance, with_src=False)
+        L = _Launch(q, k, v, field, level, past_min, beta, scale, plan, skip_tolerance, with_src=False)
         out, lse, _ = _forward(L)
         ctx.save_for_backward(q, k, v, field, level, past_min, beta, out, lse)
-        ctx.args = (scale, block, skip_tolerance)
+        ctx.args = (scale, plan, skip_tolerance)
         B, Hq, Tq = q.shape[:3]
         return out.view(B, Hq, Tq, -1)
 
     @staticmethod
     def backward(ctx, dout):
         """dout (B, Hq, Tq, Dv) -> the gradients of q, k, v, field, level, past_min and beta (None for
-        scale, block and skip_tolerance)."""
+        scale, plan and skip_tolerance)."""
         q, k, v, field, level, past_min, beta, out, lse = ctx.saved_tensors
-        scale, block, skip_tolerance = ctx.args
-        L = _Launch(q, k, v, field, level, past_min, beta, scale, block, skip_tolerance, with_src=True)
+        scale, plan, skip_tolerance = ctx.args
+        L = _Launch(q, k, v, field, level, past_min, beta, scale, plan, skip_tolerance, with_src=True)
         dq, dk, dv, dfield, dpast, dlevel, dbeta = _backward(L, out, lse, dout)
         cast = lambda g, x: g.reshape(x.shape).to(x.dtype)  # noqa: E731
         grads = (
@@ -189,14 +257,6 @@ class FPATritonFunction(torch.autograd.Function):
             cast(dbeta, beta),
         )
         return grads + (None, None, None)
-
-
-def default_block(q: Tensor) -> int:
-    """The tile size for q: on CUDA 64 for 16-bit inputs and 32 for float32/float64, 16 under the
-    interpreter."""
-    if q.device.type != "cuda":
-        return INTERPRETER_BLOCK
-    return CUDA_BLOCK if q.dtype in (torch.float16, torch.bfloat16) else CUDA_BLOCK_WIDE
 
 
 def fpa_triton(
@@ -215,13 +275,12 @@ def fpa_triton(
     positions; level (B, Hq, Tk); past_min (B, Hq, Tk - Tq); beta (Hq,) -> (B, Hq, Tq, Dv) in q's dtype.
 
     skip_tolerance: None (exact) or eps in (0, 1): see the module docstring for the error allowed.
-    block: tile size (a power of two >= 16); default on CUDA 64 for 16-bit inputs and 32 for
-        float32/float64, 16 under the interpreter.
+    block: the tile under the interpreter (a power of two >= 16, default 16). On CUDA it must be
+        None: the tile and num_warps come from the compiled-clean table (triton_configs.CONFIGS),
+        and inputs without an entry there raise a ValueError saying why.
     """
-    block = default_block(q) if block is None else block
-    if block < 16 or block & (block - 1):
-        raise ValueError(f"block must be a power of two >= 16, got {block}")
-    return FPATritonFunction.apply(q, k, v, field, level, past_min, beta, scale, block, skip_tolerance)
+    plan = _plan(q, v.shape[-1], math_dtype(q, field, level), block)
+    return FPATritonFunction.apply(q, k, v, field, level, past_min, beta, scale, plan, skip_tolerance)
 
 
 def skipped_tiles(
@@ -238,8 +297,39 @@ def skipped_tiles(
 ) -> tuple[Tensor, Tensor]:
     """Forward only, for tests and benchmarks: -> (out (B, Hq, Tq, Dv), skipped key tiles per query tile
     (B, Hq, nQ))."""
-    block = default_block(q) if block is None else block
-    L = _Launch(q, k, v, field, level, past_min, beta, scale, block, skip_tolerance, with_src=False)
+    plan = _plan(q, v.shape[-1], math_dtype(q, field, level), block)
+    L = _Launch(q, k, v, field, level, past_min, beta, scale, plan, skip_tolerance, with_src=False)
     out, _, nskip = _forward(L)
     B, Hq, Tq = q.shape[:3]
     return out.view(B, Hq, Tq, -1), nskip.view(B, Hq, -1)
+
+
+def planned_launches(
+    arch: int, dtype: torch.dtype, head_dim: int, config: configs.LaunchConfig | None = None
+) -> list[tuple[str, tuple, dict, dict]]:
+    """What the launcher passes to each kernel on ``arch`` (a key of triton_configs.SMEM_LIMIT) for
+    inputs of ``dtype`` and head dim D = Dv = ``head_dim``, recorded from a forward and a backward
+    on small CPU tensors with the kernels not run: [(kernel, args, constexprs, launch options)],
+    one per kernel. The ints are chosen to be none of 1 or a multiple of 16 except D and Dv (Triton
+    specializes on those values; D and Dv are multiples of 16 in every covered head dim), so the
+    kernels compiled from this are the general case. ``config``: a candidate instead of the
+    launcher's own choice (triton_configs.CONFIGS). For ahead-of-time compilation (triton_aot)."""
+    cfg = config or configs.lookup(
+        arch, f"sm_{arch}", dtype, math_dtype(torch.empty(0, dtype=dtype)), head_dim, head_dim
+    )
+    if isinstance(cfg, str):
+        raise ValueError(cfg)
+    calls: list[tuple[str, tuple, dict, dict]] = []
+    record: Launcher = lambda name, grid, args, consts, opts: calls.append((name, args, consts, opts))  # noqa: E731
+    B, Hq, Hkv = 1, 6, 2
+    Tq = 2 * cfg.block + 3  # three query tiles, the last partial
+    Tk = Tq + 2 * cfg.block + 5  # P not a multiple of the tile
+    g = torch.Generator().manual_seed(0)
+    r = lambda *s, dt=torch.float32: torch.randn(*s, generator=g).to(dt)  # noqa: E731
+    q, k, v = r(B, Hq, Tq, head_dim, dt=dtype), r(B, Hkv, Tk, head_dim, dt=dtype), r(B, Hkv, Tk, head_dim, dt=dtype)
+    field, level, past_min, beta = r(B, Hq, Tq), r(B, Hq, Tk), r(B, Hq, Tk - Tq), r(Hq).abs()
+    plan = _Plan(cfg.block, cfg)
+    L = _Launch(q, k, v, field, level, past_min, beta, head_dim**-0.5, plan, 1e-3, with_src=True, launcher=record)
+    out, lse, _ = _forward(L)
+    _backward(L, out, lse, torch.zeros_like(out))
+    return calls

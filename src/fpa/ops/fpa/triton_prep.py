@@ -10,7 +10,7 @@ sees the field before the first query through its past_min pm[j]), the range min
 
     M(i, j) = min(pm[j], min_{j < t <= i} vf[t])
 
-and for a key tile J strictly before the query tile I (FPA.md section 5)
+and for a key tile J strictly before the query tile I (docs/fpa.md, "Computing it fast")
 
     M(i, j) = min(sfx[j], mid(J, I), pref[i])
     sfx[j]    = min(pm[j], min of vf inside J after j)        (exclusive suffix, per key)

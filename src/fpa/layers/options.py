@@ -1,0 +1,158 @@
+"""FPAOptions: every option of a First Passage Attention layer, in one frozen, validated object.
+
+The layer (``FirstPassageAttention(..., options=FPAOptions(...))``), the transformer block and
+``make_attention`` (``fpa=``), ``FPAConfig`` (``config.fpa``, a nested dict ``"fpa"`` in
+config.json), ``fpa train --model-overrides '{"fpa": {...}}'``, the ``fpa reproduce`` presets and
+``fpa synth --fpa-kwargs`` all take this one object (or a dict of its fields). ``FPAOptions()`` is
+the library default: the configuration the tuning run selected for the language model (a walk,
+no level offset, the full learning rate on the field heads); docs/design.md, "One FPA options
+object", says why, and which task sets another.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+FPA_MODES = ("walk", "free")
+LEVEL_OFFSETS = ("none", "head", "token")
+WALK_INCREMENTS = ("tanh", "linear", "gated")
+BETA_ACTIVATIONS = ("exp", "softplus")
+
+
+@dataclass(frozen=True)
+class FPAOptions:
+    """The options of a First Passage Attention layer (docs/fpa.md, "Definitions" and "Level offset").
+
+    Args:
+        mode: "walk" (field = cumsum of one learned increment per token; level = field + the level
+            offset) or "free" (field and level are two separate linear heads of the hidden state).
+        level_offset: Walk mode only. "none" (level = field), "head" (one learned constant per head,
+            starting at ``level_offset_init``) or "token" (softplus(u_h . x_t + c_h) per head h and
+            token t, c starting at ``level_offset_bias_init``).
+        level_offset_init: The starting value of the "head" offset.
+        level_offset_bias_init: The starting bias c of the "token" offset (-4: the offset starts
+            near softplus(-4) = 0.018).
+        walk_increment: Each walk step is ``tanh(w x + b)`` ("tanh": steps in (-1, 1)), the
+            unbounded ``w x + b`` ("linear") or ``tanh(w x + b) * sigmoid(w' x + b')`` ("gated":
+            saturates at -1, 0 and +1).
+        walk_bias_init: The starting bias b of the increment head (< 0 starts the walk as a decay).
+        beta_activation: The penalty strength per head is beta = exp(p) ("exp": Adam grows it by a
+            factor per step) or softplus(p) ("softplus").
+        beta_init: beta starts at softplus(beta_init) under either activation (0.69 for 0).
+        field_init_std: The standard deviation of the field, level, increment and offset heads'
+            initial weights.
+        field_lr_multiplier: The field heads, the level offset and beta (the layer's
+            ``field_parameters()``) train at this multiple of the learning rate, in (0, 1000].
+
+    Raises:
+        ValueError: A field has the wrong type or value (the message names it and what was
+            expected), or a level offset is asked for outside walk mode.
+    """
+
+    mode: str = "walk"
+    level_offset: str = "none"
+    level_offset_init: float = 1.0
+    level_offset_bias_init: float = -4.0
+    walk_increment: str = "tanh"
+    walk_bias_init: float = 0.0
+    beta_activation: str = "exp"
+    beta_init: float = 0.0
+    field_init_std: float = 0.02
+    field_lr_multiplier: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name, choices in (
+            ("mode", FPA_MODES),
+            ("level_offset", LEVEL_OFFSETS),
+            ("walk_increment", WALK_INCREMENTS),
+            ("beta_activation", BETA_ACTIVATIONS),
+        ):
+            val = getattr(self, name)
+            if not isinstance(val, str) or val not in choices:
+                hint = (
+                    " (use 'none' for false, 'head' for true)"
+                    if name == "level_offset" and isinstance(val, bool)
+                    else ""
+                )
+                raise ValueError(f"FPAOptions.{name} must be one of {choices}, got {val!r}{hint}")
+        for name in ("level_offset_init", "level_offset_bias_init", "walk_bias_init", "beta_init", "field_init_std"):
+            _check_real(name, getattr(self, name), lo=0.0 if name == "field_init_std" else None)
+        _check_real("field_lr_multiplier", self.field_lr_multiplier, lo=0.0, lo_open=True, hi=1e3)
+        if self.level_offset != "none" and self.mode != "walk":
+            raise ValueError(
+                f"FPAOptions.level_offset={self.level_offset!r} needs mode='walk' (it offsets the walk's "
+                f"level), got mode={self.mode!r}; mode='free' has its own level head"
+            )
+        for name in ("level_offset_init", "level_offset_bias_init", "walk_bias_init", "beta_init"):
+            object.__setattr__(self, name, float(getattr(self, name)))  # 1 and 1.0: one value, one JSON
+        object.__setattr__(self, "field_init_std", float(self.field_init_std))
+        object.__setattr__(self, "field_lr_multiplier", float(self.field_lr_multiplier))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field by name (JSON-serialisable; the inverse of ``from_dict``)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | FPAOptions | None, what: str = "FPA options") -> FPAOptions:
+        """Options from a dict of (some of) their fields, the rest at their defaults; an FPAOptions
+        is returned as is, None gives the defaults. ValueError naming ``what`` for a key that is
+        not a field (with a did-you-mean) or a value that is not a dict."""
+        if d is None:
+            return cls()
+        if isinstance(d, FPAOptions):
+            return d
+        if not isinstance(d, dict):
+            raise ValueError(f"{what} must be a dict of FPAOptions fields or an FPAOptions, got {type(d).__name__}")
+        check_option_keys(d, what)
+        return cls(**d)
+
+    def replace(self, **changes: Any) -> FPAOptions:
+        """A copy with ``changes`` (FPAOptions fields; ValueError for any other key)."""
+        check_option_keys(changes, "FPAOptions.replace")
+        return FPAOptions(**{**self.to_dict(), **changes})
+
+
+OPTION_NAMES = tuple(f.name for f in fields(FPAOptions))
+
+
+def check_option_keys(keys, what: str = "FPA options") -> None:
+    """ValueError naming every key of ``keys`` that is not an FPAOptions field, with a did-you-mean
+    (a flat ``fpa_level_offset`` points to ``{"fpa": {"level_offset": ...}}``'s ``level_offset``)."""
+    unknown = sorted(str(k) for k in set(keys) - set(OPTION_NAMES))
+    if not unknown:
+        return
+    hints = []
+    for k in unknown:
+        base = k[len("fpa_") :] if k.startswith("fpa_") else k
+        m = [base] if base in OPTION_NAMES else difflib.get_close_matches(base, OPTION_NAMES, 1, 0.6)
+        if m:
+            hints.append(f"{k!r} (did you mean {m[0]!r}?)")
+    raise ValueError(
+        f"unknown keys in {what}: {unknown}"
+        + (f"; {', '.join(hints)}" if hints else "")
+        + f"; valid: {list(OPTION_NAMES)}"
+    )
+
+
+def _check_real(
+    name: str, val: object, lo: float | None = None, lo_open: bool = False, hi: float | None = None
+) -> None:
+    if isinstance(val, bool) or not isinstance(val, (int, float)) or not math.isfinite(val):
+        raise ValueError(f"FPAOptions.{name} must be a finite number, got {val!r}")
+    if lo is not None and (val < lo or (lo_open and val == lo)) or hi is not None and val > hi:
+        rng = f"{'(' if lo_open else '['}{lo:g}, {hi:g}]" if hi is not None else f">= {lo:g}"
+        raise ValueError(f"FPAOptions.{name} must be a number {'in ' if hi is not None else ''}{rng}, got {val!r}")
+
+
+__all__ = [
+    "BETA_ACTIVATIONS",
+    "FPA_MODES",
+    "LEVEL_OFFSETS",
+    "OPTION_NAMES",
+    "WALK_INCREMENTS",
+    "FPAOptions",
+    "check_option_keys",
+]

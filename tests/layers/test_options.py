@@ -1,0 +1,71 @@
+"""FPAOptions: one validated options object, and every entry point defaults to FPAOptions()."""
+
+import dataclasses
+import math
+
+import pytest
+
+from fpa.layers import FirstPassageAttention, FPAOptions, TransformerBlock, make_attention
+
+
+def test_every_entry_point_defaults_to_fpa_options():
+    """The layer, the block, make_attention, FPAConfig, `fpa train`'s config and `fpa model-info`
+    built without options agree with FPAOptions(): walk, no level offset, full field lr."""
+    from fpa.cli import build_parser
+    from fpa.models import FPAConfig
+    from fpa.train import TrainConfig
+
+    want = FPAOptions()
+    assert (want.mode, want.level_offset, want.field_lr_multiplier) == ("walk", "none", 1.0)
+    assert FirstPassageAttention(16, 2).options == want
+    block = TransformerBlock(16, 32, "fpa", 2)
+    assert isinstance(block.attn, FirstPassageAttention) and block.attn.options == want
+    layer = make_attention("fpa", 16, 2)
+    assert isinstance(layer, FirstPassageAttention) and layer.options == want
+    assert FPAConfig().fpa == want and FPAConfig.from_preset("tiny").fpa == want
+    assert TrainConfig(out_dir="x").model_config(257).fpa == want
+    args = build_parser("model-info").parse_args(["model-info"])
+    assert args.fpa_mode == want.mode
+    train_args = build_parser("train").parse_args(["train"])
+    assert train_args.fpa_mode is None and TrainConfig(out_dir="x").fpa_mode == want.mode  # flag unset: the config's
+
+
+def test_model_info_prints_the_default_options(capsys):
+    from fpa.cli import main
+
+    assert main(["model-info", "--preset", "tiny"]) == 0
+    assert f"fpa={FPAOptions().to_dict()}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "kw, words",
+    [
+        (dict(mode="Walk"), r"FPAOptions.mode must be one of \('walk', 'free'\), got 'Walk'"),
+        (dict(walk_increment="relu"), r"FPAOptions.walk_increment must be one of"),
+        (dict(beta_activation="square"), r"FPAOptions.beta_activation must be one of"),
+        (dict(beta_init=True), r"FPAOptions.beta_init must be a finite number, got True"),
+        (dict(walk_bias_init=math.nan), r"FPAOptions.walk_bias_init must be a finite number, got nan"),
+        (dict(level_offset_init=-math.inf), r"FPAOptions.level_offset_init must be a finite number, got -inf"),
+        (dict(field_init_std=-0.1), r"FPAOptions.field_init_std must be a number >= 0, got -0.1"),
+        (dict(field_lr_multiplier=0), r"FPAOptions.field_lr_multiplier must be a number in \(0, 1000\], got 0"),
+        (dict(field_lr_multiplier=1e4), r"FPAOptions.field_lr_multiplier must be a number in \(0, 1000\]"),
+        (dict(field_lr_multiplier=False), r"FPAOptions.field_lr_multiplier must be a finite number, got False"),
+        (dict(mode="free", level_offset="head"), r"level_offset='head' needs mode='walk'"),
+    ],
+)
+def test_bad_values_name_the_field(kw, words):
+    with pytest.raises(ValueError, match=words):
+        FPAOptions(**kw)
+
+
+def test_frozen_serialisable_and_replace_checks_keys():
+    o = FPAOptions(level_offset="head", level_offset_init=2)
+    assert o.level_offset_init == 2.0 and isinstance(o.level_offset_init, float)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        o.mode = "free"  # type: ignore[misc]
+    assert FPAOptions.from_dict(o.to_dict()) == o and FPAOptions.from_dict(None) == FPAOptions()
+    assert o.replace(level_offset="none") == FPAOptions(level_offset_init=2.0)
+    with pytest.raises(ValueError, match=r"unknown keys in FPAOptions.replace: \['fpa_mode'\].*did you mean 'mode'"):
+        o.replace(fpa_mode="free")
+    with pytest.raises(ValueError, match="options must be a dict of FPAOptions fields or an FPAOptions, got str"):
+        FirstPassageAttention(16, 2, options="walk")  # type: ignore[arg-type]
