@@ -3,9 +3,9 @@
 One trace of the ``calls`` task (fpa.experiments.agent_trace.make_trace: calls open and return at
 random with the depth capped, observations in between; answers read every 64 tokens) is decoded by
 one-head models under three caches: the full cache, a sliding window of ``--window`` keys and
-FPA's own rule (FPAEviction(``--tau``)). Heads:
+FPA's own rule (FPAEviction(``--threshold``)). Heads:
 
-- ``trained walk``: the library's fpa_walk layer (level = field), one head, trained on short
+- ``trained walk``: the library's fpa-walk layer (level = field), one head, trained on short
   calls sequences (fpa.experiments.agent_trace.train_walk_head);
 - ``trained walk+offset``: the same with a per-token level offset (TokenOffsetWalk in
   fpa.experiments.agent_trace: the library walk with level_offset="token", linear increments, softplus beta);
@@ -128,7 +128,7 @@ def main(argv=None) -> None:
     p.add_argument("--max-depth", type=int, default=6)
     p.add_argument("--p", type=float, default=0.03, help="probability of a call (and of a return) per token")
     p.add_argument("--window", type=int, default=256, help="sliding-window budget (keys)")
-    p.add_argument("--tau", type=float, default=1.0, help="FPAEviction threshold")
+    p.add_argument("--threshold", type=float, default=1.0, help="FPAEviction threshold")
     p.add_argument("--chunk", type=int, default=16, help="tokens per decoding call")
     p.add_argument("--steps", type=int, default=1000, help="training steps of the trained heads")
     p.add_argument("--heads", nargs="+", default=["constructed walk+offset", "trained walk", "trained walk+offset"])
@@ -160,7 +160,7 @@ def main(argv=None) -> None:
             variant = "walk+offset" if head.endswith("offset") else "walk"
             model, losses = train_walk_head(steps=args.steps, seed=args.seed, variant=variant)
             data["training"][head] = dict(final_loss=losses[-1], seconds=time.perf_counter() - t0, losses=losses)
-        for policy in (None, SlidingWindow(args.window), FPAEviction(args.tau)):
+        for policy in (None, SlidingWindow(args.window), FPAEviction(args.threshold)):
             name = "full" if policy is None else policy.name
             run = decode_trace(model, trace, policy, chunk=args.chunk)
             s = summarise(name, run, trace, args.window)

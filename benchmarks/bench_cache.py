@@ -1,6 +1,6 @@
 """Decode speed and KV-cache memory against sequence length: full cache vs FPA eviction.
 
-For each configuration (full cache, FPAEviction at several tau) one cache grows through the
+For each configuration (full cache, FPAEviction at several thresholds) one cache grows through the
 lengths: a chunked prefill of random tokens up to each length L, then ``--window`` decode steps
 (one random token each) timed one by one -> tokens/s at L (1 / median step time); bytes held and
 kept fraction are read after the window. The prefill's time is not reported. The loop is
@@ -130,7 +130,7 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default=None, help="trained FPA checkpoint directory (default: random tiny model)")
     p.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384, 32768])
-    p.add_argument("--taus", type=float, nargs="+", default=[1.0, 2.0, 4.0])
+    p.add_argument("--thresholds", type=float, nargs="+", default=[1.0, 2.0, 4.0])
     p.add_argument("--window", type=int, default=16, help="timed decode steps per length")
     p.add_argument("--chunk", type=int, default=1024, help="prefill chunk size")
     p.add_argument("--field-std", type=float, default=2.0, help="per-head std of the random model's field and level")
@@ -142,7 +142,7 @@ def main(argv=None) -> None:
     if any(L <= 0 for L in args.lengths) or args.lengths != sorted(args.lengths):
         raise ValueError(f"--lengths must be positive and increasing, got {args.lengths}")
     model, header = build_model(args)
-    policies = [None] + [FPAEviction(t) for t in args.taus]
+    policies = [None] + [FPAEviction(t) for t in args.thresholds]
     g = torch.Generator().manual_seed(args.seed + 1)
     tokens = torch.randint(0, model.config.vocab_size, (1, args.lengths[-1] + args.window), generator=g)
     rows: list[dict] = []

@@ -9,8 +9,8 @@ the policy runs, so it includes the chunk). The text is Python standard-library 
 bytes, the byte tokenizer of the reproduction's models), files in a fixed shuffled order. The
 loop is benchmarks/cache_runs.py's, shared with benchmarks/bench_cache.py.
 
-Configurations: ``full`` (no policy), ``fpa(tau=A)``, ``fpa(tau=B)`` (FPAEviction), ``window(N)``
-and ``h2o(N)`` on the FPA checkpoint (``--model``); ``fox(tau=C)`` (FoXEviction) on the FoX
+Configurations: ``full`` (no policy), ``fpa(threshold=A)``, ``fpa(threshold=B)`` (FPAEviction), ``window(N)``
+and ``h2o(N)`` on the FPA checkpoint (``--model``); ``fox(threshold=C)`` (FoXEviction) on the FoX
 checkpoint (``--fox-model``). Checkpoints are not in git: they come from ``fpa reproduce``, e.g.
 ``runs/reproduce-cpu/models/fpa-walk-s0/model``.
 
@@ -59,12 +59,12 @@ def text_tokens(n: int, seed: int = 0) -> torch.Tensor:
 def configs(args) -> dict[str, tuple[str, Callable[[], Policy | None]]]:
     """name -> (model key, policy factory)."""
     out: dict[str, tuple[str, Callable[[], Policy | None]]] = {"full": ("fpa", lambda: None)}
-    for t in args.taus:
-        out[f"fpa(tau={t:g})"] = ("fpa", functools.partial(FPAEviction, t))
+    for t in args.thresholds:
+        out[f"fpa(threshold={t:g})"] = ("fpa", functools.partial(FPAEviction, t))
     out[f"window(N={args.budget})"] = ("fpa", lambda: SlidingWindow(args.budget))
     out[f"h2o(N={args.budget})"] = ("fpa", lambda: H2O(args.budget))
     if args.fox_model:
-        out[f"fox(tau={args.fox_tau:g})"] = ("fox", lambda: FoXEviction(args.fox_tau))
+        out[f"fox(threshold={args.fox_threshold:g})"] = ("fox", lambda: FoXEviction(args.fox_threshold))
     return out
 
 
@@ -187,8 +187,8 @@ def main(argv=None) -> None:
     p.add_argument("--model", required=True, type=Path, help="trained FPA checkpoint directory (fpa reproduce)")
     p.add_argument("--fox-model", type=Path, default=None, help="trained FoX checkpoint for FoX's own rule")
     p.add_argument("--lengths", type=int, nargs="+", default=[2**i for i in range(10, 18)])
-    p.add_argument("--taus", type=float, nargs="+", default=[2.0, 8.0], help="FPAEviction thresholds")
-    p.add_argument("--fox-tau", type=float, default=8.0)
+    p.add_argument("--thresholds", type=float, nargs="+", default=[2.0, 8.0], help="FPAEviction thresholds")
+    p.add_argument("--fox-threshold", type=float, default=8.0)
     p.add_argument("--budget", type=int, default=1024, help="keys per KV head for window and H2O")
     p.add_argument("--window", type=int, default=16, help="timed decode steps per length")
     p.add_argument("--chunk", type=int, default=512, help="prefill chunk size")

@@ -90,5 +90,5 @@ def test_one_chunk_within_chunks_equals_training_under_the_rule():
 def test_within_chunks_must_be_a_bool_and_is_named():
     with pytest.raises(ValueError, match="within_chunks must be a bool, got 1"):
         FPAEviction(2.0, within_chunks=1)
-    assert FPAEviction(2.0, within_chunks=True).name == "fpa(tau=2, within chunks)"
-    assert FoXEviction(2.0, within_chunks=True).name == "fox(tau=2, within chunks)"
+    assert FPAEviction(2.0, within_chunks=True).name == "fpa(threshold=2, within chunks)"
+    assert FoXEviction(2.0, within_chunks=True).name == "fox(threshold=2, within chunks)"

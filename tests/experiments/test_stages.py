@@ -36,3 +36,23 @@ def test_a_stage_whose_output_vanished_is_rerun(tmp_path):
 def test_bad_stage_names(tmp_path):
     with pytest.raises(ValueError, match="stage name"):
         Stages(tmp_path).run("../x", dict)
+
+
+def test_stage_lines_go_through_tqdm_write(tmp_path, monkeypatch, capsys):
+    """By default the [stage] lines are printed with tqdm.write, which clears and redraws an
+    active bar instead of writing into it; a bar open meanwhile is not broken."""
+    import tqdm
+
+    from fpa.experiments.reproduce import reproduce
+
+    written: list[str] = []
+    real = tqdm.tqdm.write
+    monkeypatch.setattr(tqdm.tqdm, "write", classmethod(lambda cls, s, *a, **k: (written.append(s), real(s))))
+    with tqdm.tqdm(total=2, desc="outer") as bar:
+        Stages(tmp_path).run("a", lambda: {"x": 1})
+        bar.update(1)
+    assert written == ["[stage] a ...", "[stage] a done in " + written[1].rsplit(" in ", 1)[1]]
+    assert "[stage] a ..." in capsys.readouterr().out
+    import inspect
+
+    assert inspect.signature(reproduce).parameters["log"].default is inspect.signature(Stages).parameters["log"].default

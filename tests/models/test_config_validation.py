@@ -160,7 +160,7 @@ def test_train_config_checks_model_overrides(over, words):
         (dict(attention="linear"), "attention must be one of"),
         (dict(fpa_mode="bogus"), "fpa_mode must be one of"),
         (dict(tokenizer="wordpiece"), "tokenizer must be one of"),
-        (dict(vocab_size=0), "vocab_size must be None or a positive int"),
+        (dict(vocab_size=0), r"vocab_size must be a positive int \(or None\)"),
     ],
 )
 def test_train_config_checks_model_choices(kw, words):

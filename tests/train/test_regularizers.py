@@ -60,7 +60,7 @@ def test_penalty_is_the_soft_live_fraction_and_has_gradients():
 
 
 def test_bad_arguments_and_models():
-    with pytest.raises(ValueError, match="threshold must be a positive number"):
+    with pytest.raises(ValueError, match="threshold must be a finite number > 0"):
         LiveFractionRegularizer(_model(), weight=1.0, threshold=0.0)
     with pytest.raises(ValueError, match="FPA attention"):
         LiveFractionRegularizer(_model("fox"), weight=1.0, threshold=1.0)

@@ -33,7 +33,9 @@ def test_prepare_data_and_train_commands(tmp_path, capsys):
         '{"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2}',
     ]
     assert main(argv) == 0
-    summary = json.loads(capsys.readouterr().out)
+    out = capsys.readouterr().out  # stdout is not a terminal: progress lines, then the summary
+    assert out.startswith("[train ") and " step " in out.splitlines()[0]
+    summary = json.loads(out[out.index("\n{") + 1 :])
     assert summary["steps"] == 3 and len(read_metrics(tmp_path / "run")) == 3
     assert json.loads((tmp_path / "run" / "model" / "config.json").read_text())["attention"] == "softmax_rope"
 
@@ -55,6 +57,6 @@ def test_documented_110m_recipe_is_a_valid_config(tmp_path):
     doc = (Path(__file__).parents[2] / "docs" / "training.md").read_text()
     block = re.search(r"`110m-fpa.yaml`:\n\n```yaml\n(.*?)```", doc, re.S).group(1)
     cfg = TrainConfig.from_dict(yaml.safe_load(block))
-    assert (cfg.preset, cfg.seq_len, cfg.batch_size, cfg.steps, cfg.parallel) == ("110m", 16384, 32, 5120, "fsdp")
-    assert cfg.batch_size * cfg.seq_len * cfg.steps == 2_684_354_560  # FoX's 2.5 Gi tokens
+    assert (cfg.preset, cfg.seq_len, cfg.batch_size, cfg.steps, cfg.grad_accum) == ("110m", 2048, 256, 20000, 8)
+    assert cfg.batch_size * cfg.seq_len * cfg.steps == 10_485_760_000  # the 110m preset's tokens per run
     assert cfg.model_config(32000).hidden_size == 768

@@ -139,7 +139,7 @@ class FPAEviction(_ThresholdEviction):
             raise ValueError(f"certified must be a bool, got {certified!r}")
         self.certified = certified
         extra = (", certified" if certified else "") + (", within chunks" if within_chunks else "")
-        self.name = f"fpa(tau={self.threshold:g}{extra})"
+        self.name = f"fpa(threshold={self.threshold:g}{extra})"
 
     def check_layer(self, layer: LayerCache) -> None:
         """Raise ValueError unless the layer is FPA (and, if certified, has qk-norm)."""
@@ -166,7 +166,7 @@ class FoXEviction(_ThresholdEviction):
 
     def __init__(self, threshold: float, within_chunks: bool = False):
         super().__init__(threshold, within_chunks)
-        self.name = f"fox(tau={self.threshold:g}{', within chunks' if within_chunks else ''})"
+        self.name = f"fox(threshold={self.threshold:g}{', within chunks' if within_chunks else ''})"
 
 
 def _check_budget(budget: object) -> int:

@@ -1,4 +1,6 @@
-"""Chunked prefill, and chunked prefill followed by greedy generation."""
+"""The one chunked forward loop (``run_chunks``: the prompt fed in chunks so that the cache's policy
+runs after each), chunked prefill, and greedy generation through ``model.generate``.
+fpa.eval.decode.greedy_decode and fpa.eval.growth drive ``run_chunks`` too."""
 
 from __future__ import annotations
 
@@ -8,7 +10,23 @@ import torch
 from torch import Tensor
 
 from fpa.cache.cache import FPACache
+from fpa.compat import output_cache
 from fpa.ops.checks import positive_int
+
+
+@torch.no_grad()
+def run_chunks(model: Any, input_ids: Tensor, cache: Any, chunk_size: int | None) -> tuple[Tensor, Any]:
+    """Feed ``input_ids`` (B, T >= 1) through ``model`` in chunks of ``chunk_size`` tokens (all at
+    once if None), each call ``model(input_ids=chunk, past_key_values=cache, use_cache=True)``.
+    ``cache``: None lets the model make one. Returns (the logits of the last position (B, vocab),
+    the cache the last output carries). Callers validate their arguments."""
+    step = input_ids.shape[1] if chunk_size is None else chunk_size
+    out = None
+    for a in range(0, input_ids.shape[1], step):
+        out = model(input_ids=input_ids[:, a : a + step], past_key_values=cache, use_cache=True)
+        cache = output_cache(out)
+    assert out is not None  # T >= 1: at least one chunk
+    return out.logits[:, -1], cache
 
 
 @torch.no_grad()
@@ -20,11 +38,7 @@ def prefill(model: Any, input_ids: Tensor, cache: FPACache, chunk_size: int = 51
         raise ValueError(f"cache must be an FPACache, got {type(cache).__name__}")
     if input_ids.dim() != 2 or input_ids.shape[1] == 0:
         raise ValueError(f"input_ids must have shape (B, T) with T >= 1, got {tuple(input_ids.shape)}")
-    chunk_size = positive_int("chunk_size", chunk_size)
-    logits = torch.empty(0)  # replaced by the first chunk's (T >= 1: at least one chunk)
-    for a in range(0, input_ids.shape[1], chunk_size):
-        logits = model(input_ids[:, a : a + chunk_size], past_key_values=cache, use_cache=True).logits[:, -1]
-    return logits
+    return run_chunks(model, input_ids, cache, positive_int("chunk_size", chunk_size))[0]
 
 
 @torch.no_grad()
@@ -45,7 +59,7 @@ def generate(
     it ``model.generate`` feeds the whole prompt in one call and the policy runs once, after it.
     Returns the sequences (B, T + max_new_tokens), as ``model.generate`` does.
     """
-    from fpa.compat import CACHE_ARG  # model.generate needs transformers anyway
+    from fpa.compat import CACHE_ARG
 
     if not isinstance(cache, FPACache):
         raise ValueError(f"cache must be an FPACache, got {type(cache).__name__}")

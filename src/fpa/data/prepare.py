@@ -64,7 +64,7 @@ def _check_args(tokenizer: str, vocab_size, val_fraction, max_bytes, seed) -> No
         raise ValueError(f"vocab_size must be None for the byte tokenizer (it is fixed at 257), got {vocab_size!r}")
     if not isinstance(val_fraction, (int, float)) or not 0 <= val_fraction < 1:
         raise ValueError(f"val_fraction must be a number in [0, 1), got {val_fraction!r}")
-    if max_bytes is not None and (not isinstance(max_bytes, int) or max_bytes <= 0):
+    if max_bytes is not None and (isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes <= 0):
         raise ValueError(f"max_bytes must be None or a positive int, got {max_bytes!r}")
     if not isinstance(seed, int) or isinstance(seed, bool):
         raise ValueError(f"seed must be an int, got {seed!r}")

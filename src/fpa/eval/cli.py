@@ -93,16 +93,15 @@ def load_checked(model_dir: Path, device: str):
     corrupt weights, or weights that do not match config.json (missing, unexpected or
     mis-shaped tensors are an error here, not a silently random-initialised model)."""
     import torch
-    from transformers.utils import logging as hf_logging
 
+    from fpa.compat import hf_progress_bars
     from fpa.models import FPAForCausalLM
 
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda: no CUDA device is available")
-    bar = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
     try:
-        loaded = FPAForCausalLM.from_pretrained(model_dir, output_loading_info=True)
+        with hf_progress_bars(False):
+            loaded = FPAForCausalLM.from_pretrained(model_dir, output_loading_info=True)
     except RuntimeError as e:  # transformers raises it for mis-shaped tensors
         raise ValueError(f"--model: the weights in {model_dir} do not match config.json: {e}") from None
     except (OSError, ValueError, KeyError) as e:
@@ -111,9 +110,6 @@ def load_checked(model_dir: Path, device: str):
         if type(e).__name__ != "SafetensorError":
             raise
         raise ValueError(f"--model: the weights in {model_dir} are truncated or corrupt: {e}") from None
-    finally:
-        if bar:
-            hf_logging.enable_progress_bar()
     # with output_loading_info=True, from_pretrained returns (model, loading info), unlike its annotation
     model, info = cast("tuple[FPAForCausalLM, dict[str, list[str]]]", loaded)
     bad = {k: v for k, v in info.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-from fpa.eval.decode import output_cache
+from fpa.cache.prefill import run_chunks
 from fpa.eval.passkey import ReportsKeptFraction
 
 
@@ -51,9 +51,7 @@ def kept_keys_growth(
     cache, policy = make_cache()
     fractions, at = [], 0
     for L in lengths:
-        for a in range(at, L, chunk_size):
-            out = model(input_ids=ids[:, a : a + chunk_size], past_key_values=cache, use_cache=True)
-            cache = output_cache(out)
+        _, cache = run_chunks(model, ids[:, at:L], cache, chunk_size)
         at = L
         fractions.append(float(policy.kept_fraction))
     kept = [f * L for f, L in zip(fractions, lengths)]

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from fpa.eval.passkey import cell_prompts
+from fpa.ops.checks import positive_int
 from fpa.tasks.passkey import is_correct, max_answer_tokens
 
 PRESSES = ("knorm", "snapkv", "streaming_llm", "expected_attention", "tova")
@@ -115,8 +116,7 @@ def kvpress_passkey_grid(
     """
     from fpa.models.export_llama import to_llama
 
-    if not isinstance(trials, int) or trials < 1:
-        raise ValueError(f"trials must be a positive int, got {trials!r}")
+    positive_int("trials", trials)
     if not lengths or not depths or not compression_ratios or not presses:
         raise ValueError("lengths, depths, compression_ratios and presses must be non-empty")
     built = {(p, r): make_press(p, r) for p in presses for r in compression_ratios}  # checks kvpress first

@@ -8,6 +8,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from fpa.ops.checks import positive_int
+
 
 @torch.no_grad()
 def per_position_loss(model, windows: np.ndarray, batch_size: int = 4, progress: bool = True) -> np.ndarray:
@@ -16,8 +18,7 @@ def per_position_loss(model, windows: np.ndarray, batch_size: int = 4, progress:
     windows = np.asarray(windows)
     if windows.ndim != 2 or windows.shape[0] < 1 or windows.shape[1] < 2:
         raise ValueError(f"windows must be (N >= 1, T + 1 >= 2) token ids, got shape {windows.shape}")
-    if not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    positive_int("batch_size", batch_size)
     total = np.zeros(windows.shape[1] - 1)
     for a in tqdm(range(0, len(windows), batch_size), desc="per-position loss", disable=not progress, leave=False):
         x = torch.from_numpy(windows[a : a + batch_size].astype(np.int64))

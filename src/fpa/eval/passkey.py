@@ -15,6 +15,7 @@ import torch
 from tqdm.auto import tqdm
 
 from fpa.eval.decode import greedy_decode
+from fpa.ops.checks import positive_int
 from fpa.tasks.passkey import is_correct, make_prompt, max_answer_tokens
 
 
@@ -86,13 +87,11 @@ def passkey_grid(
     fractions, "accuracy_by_length": (n_len,), "kept_fraction": (n_len, n_depth) achieved
     (1.0 = full cache), "kept_fraction_mean", "examples": one generated text per length}.
     """
-    if not isinstance(trials, int) or trials < 1:
-        raise ValueError(f"trials must be a positive int, got {trials!r}")
+    positive_int("trials", trials)
     if not lengths or not depths:
         raise ValueError("lengths and depths must be non-empty")
     bs = trials if batch_size is None else batch_size
-    if not isinstance(bs, int) or bs < 1:
-        raise ValueError(f"batch_size must be a positive int or None, got {batch_size!r}")
+    positive_int("batch_size", bs, "or None")
     correct = np.zeros((len(lengths), len(depths)), dtype=np.int64)
     kept = np.ones((len(lengths), len(depths)))
     examples = []

@@ -16,6 +16,7 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from multiprocessing import get_context
 
 from fpa.experiments.stages import Stages, read_json
+from fpa.ops.checks import positive_int
 
 Task = tuple[str, Callable[..., dict], tuple]
 
@@ -37,8 +38,7 @@ def run_tasks(
 ) -> dict[str, dict]:
     """{stage name: output} for every task; finished stages are read back, the others run, in
     order of ``tasks``, ``jobs`` at a time (``jobs`` = 1: in this process)."""
-    if not isinstance(jobs, int) or jobs < 1:
-        raise ValueError(f"jobs must be a positive int, got {jobs!r}")
+    positive_int("jobs", jobs)
     names = [t[0] for t in tasks]
     if len(set(names)) != len(names):
         raise ValueError(f"stage names must be unique, got duplicates in {names}")

@@ -27,12 +27,15 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from fpa.compat import hf_progress_bars
 from fpa.data.atomic import atomic_write_text
 from fpa.experiments.methods import CONTROL, CORE_ARMS, MethodSpec
 from fpa.experiments.presets import ReproducePreset
 from fpa.experiments.provenance import code_state, command_line
 from fpa.experiments.stage_fns import eval_stage, train_stage
 from fpa.experiments.stages import Stages, read_json
+from fpa.ops.checks import positive_int
+from fpa.train.progress import console_line
 
 
 def _is_main() -> bool:
@@ -111,7 +114,7 @@ def reproduce(
     out_dir: str | Path,
     progress: bool = True,
     methods: tuple[str, ...] | None = None,
-    log: Callable[[str], None] = print,
+    log: Callable[[str], None] = console_line,
     jobs: int = 1,
     stop_after: str | None = None,
     command: str | None = None,
@@ -120,14 +123,29 @@ def reproduce(
     """Run (or resume) every stage of preset ``p`` in ``out_dir``; returns the results dict ({}
     when ``stop_after="train"`` stops it after the training stages; kind "gate-failed" when the
     gate stopped it, after the retry if there was one). ``retry_of``: the failed attempt this run
-    retrains (set by the gate)."""
+    retrains (set by the gate). ``progress=False``: no progress bars, transformers' included;
+    ``log`` prints the ``[stage]`` lines (default: ``tqdm.write``, which keeps a bar intact)."""
+    with hf_progress_bars(progress):
+        return _reproduce(p, out_dir, progress, methods, log, jobs, stop_after, command, retry_of)
+
+
+def _reproduce(
+    p: ReproducePreset,
+    out_dir: str | Path,
+    progress: bool,
+    methods: tuple[str, ...] | None,
+    log: Callable[[str], None],
+    jobs: int,
+    stop_after: str | None,
+    command: str | None,
+    retry_of: dict | None,
+) -> dict:
     from fpa.data import prepare_corpus
     from fpa.experiments.pool import run_tasks
 
     if stop_after not in (None, "train"):
         raise ValueError(f"stop_after must be None or 'train', got {stop_after!r}")
-    if not isinstance(jobs, int) or jobs < 1:
-        raise ValueError(f"jobs must be a positive int, got {jobs!r}")
+    positive_int("jobs", jobs)
     t_start = time.time()
     out = Path(out_dir)
     runs = runs_of(p, methods)
@@ -163,8 +181,8 @@ def reproduce(
     model_dir = {run_id(r): str(out / "models" / run_id(r) / "model") for r in runs}
     p_dict, data = p.to_dict(), str(data_dir)
 
-    def task(kind: str, r: dict, tau: float | None = None):
-        args = (kind, p_dict, model_dir[run_id(r)], data, r["spec"].attention, tau)
+    def task(kind: str, r: dict, threshold: float | None = None):
+        args = (kind, p_dict, model_dir[run_id(r)], data, r["spec"].attention, threshold)
         return (f"{kind}-{run_id(r)}", eval_stage, args)
 
     gate = None

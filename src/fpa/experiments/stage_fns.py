@@ -50,15 +50,15 @@ def load_model(model_dir: str | Path, device: str):
     """(FPAForCausalLM in eval mode on ``device`` if available, its tokenizer) from a saved folder;
     a model trained under a threshold rule (``served_rule``) applies it in its cache-free forwards."""
     import torch
-    from transformers.utils import logging as hf_logging
 
+    from fpa.compat import hf_progress_bars
     from fpa.data import load_tokenizer
     from fpa.models import FPAForCausalLM
     from fpa.train.model_setup import set_training_eviction
 
-    hf_logging.disable_progress_bar()  # one bar per stage would drown the run's own progress
     dev = "cuda" if device == "cuda" and torch.cuda.is_available() else "cpu"
-    model = FPAForCausalLM.from_pretrained(model_dir)
+    with hf_progress_bars(False):  # one bar per stage would drown the run's own progress
+        model = FPAForCausalLM.from_pretrained(model_dir)
     model = model.to(dev).eval()  # type: ignore[arg-type]  # transformers' @wraps(Module.to) stub keeps self
     serve = served_rule(model_dir)
     if serve is not None:
@@ -116,7 +116,7 @@ EVAL_KINDS = ("loss", "passkey", "control", "validation", "sweep", "evict", "gro
 
 
 def eval_stage(
-    kind: str, p_dict: dict, model_dir: str, data_dir: str, attention: str | None = None, tau: float | None = None
+    kind: str, p_dict: dict, model_dir: str, data_dir: str, attention: str | None = None, threshold: float | None = None
 ) -> dict:
     """One evaluation of one trained model, as served: a model trained under a threshold rule
     (``served_rule``) is scored under that rule in every kind ("served" in the output says which).
@@ -126,9 +126,9 @@ def eval_stage(
     - "control": the same at the training length only (the gate after training).
     - "validation": held-out loss on the tuning half and the grid on validation prompts.
     - "sweep": the own rule (``attention``'s) at every threshold of the preset, on validation prompts.
-    - "evict": the own rule at ``tau`` (a rule-trained model: its training rule) on the reporting
+    - "evict": the own rule at ``threshold`` (a rule-trained model: its training rule) on the reporting
       prompts, then a window keeping, per length, the rule's average number of keys.
-    - "growth": kept keys against context length on held-out text, own rule at ``tau`` (a
+    - "growth": kept keys against context length on held-out text, own rule at ``threshold`` (a
       rule-trained model: its training rule).
     """
     if kind not in EVAL_KINDS:
@@ -137,11 +137,11 @@ def eval_stage(
     model, tok = load_model(Path(model_dir), p.device)
     serve = served_rule(model_dir)
     served = None if serve is None else _rule_cache(serve["attention"], serve["threshold"], True)
-    out = _evaluate(kind, p, model, tok, data_dir, served, attention, tau, serve)
+    out = _evaluate(kind, p, model, tok, data_dir, served, attention, threshold, serve)
     return {**out, "served": serve}
 
 
-def _evaluate(kind, p: ReproducePreset, model, tok, data_dir, served, attention, tau, serve) -> dict:
+def _evaluate(kind, p: ReproducePreset, model, tok, data_dir, served, attention, threshold, serve) -> dict:
     if kind == "loss":
         from fpa.eval.loss import heldout_loss
 
@@ -170,10 +170,12 @@ def _evaluate(kind, p: ReproducePreset, model, tok, data_dir, served, attention,
             )
         return {"points": points}
     own = _required(attention, "attention", kind)
-    own_tau = _required(tau, "tau", kind)
-    if serve is not None and float(own_tau) != serve["threshold"]:
-        raise ValueError(f"a model trained under threshold {serve['threshold']} is served under it, got tau={own_tau}")
-    rule = served or _rule_cache(own, own_tau)
+    own_threshold = _required(threshold, "threshold", kind)
+    if serve is not None and float(own_threshold) != serve["threshold"]:
+        raise ValueError(
+            f"a model trained under threshold {serve['threshold']} is served under it, got threshold={own_threshold}"
+        )
+    rule = served or _rule_cache(own, own_threshold)
     if kind == "evict":
         from fpa.cache import FPACache, SlidingWindow
 
@@ -181,7 +183,7 @@ def _evaluate(kind, p: ReproducePreset, model, tok, data_dir, served, attention,
         kept = [sum(row) / len(row) for row in by_rule["kept_fraction"]]
         budgets = {n: max(1, round(k * n)) for n, k in zip(_lengths(p), kept)}
         window = _grid(model, tok, p, p.prompt_seed, lambda n: (FPACache(w := SlidingWindow(budgets[n])), w))
-        return {"threshold": own_tau, "rule": by_rule, "window": window, "window_budgets": budgets}
+        return {"threshold": own_threshold, "rule": by_rule, "window": window, "window_budgets": budgets}
     import torch
 
     from fpa.data import TokenShards

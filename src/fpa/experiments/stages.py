@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fpa.data.atomic import atomic_write_text
+from fpa.train.progress import console_line
 
 
 def write_json(path: str | Path, obj) -> None:
@@ -25,10 +26,15 @@ class Stages:
     """Stage runner over ``out_dir``: ``out_dir/state.json`` = {"done": [names], "seconds": {name: s}}
     and ``out_dir/stages/<name>.json`` = each stage's output. ``write=False`` (torchrun ranks > 0)
     runs the stages without recording them. ``stamp`` (e.g. the code's commit) is recorded with
-    every stage this runner finishes, in ``state["stamps"][name]``."""
+    every stage this runner finishes, in ``state["stamps"][name]``. ``log`` prints its
+    ``[stage]`` lines (default ``tqdm.write``, so that they never break a progress bar)."""
 
     def __init__(
-        self, out_dir: str | Path, log: Callable[[str], None] = print, write: bool = True, stamp: dict | None = None
+        self,
+        out_dir: str | Path,
+        log: Callable[[str], None] = console_line,
+        write: bool = True,
+        stamp: dict | None = None,
     ):
         self.dir, self.write = Path(out_dir), write
         self.state_path = self.dir / "state.json"

@@ -12,7 +12,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fpa.layers.base import AttentionBase
-from fpa.layers.fpa_form import continue_walk, dense_weights, evicting_attention, fpa_cached, pad_out
+from fpa.layers.fpa_form import (
+    check_training_threshold,
+    continue_walk,
+    dense_weights,
+    evicting_attention,
+    fpa_cached,
+    pad_out,
+)
 from fpa.layers.options import FPAOptions
 from fpa.ops import first_passage_attention
 from fpa.ops.cached.state import LayerInfo, LayerState
@@ -108,14 +115,7 @@ class FirstPassageAttention(AttentionBase):
         fpa.cache.FPAEviction(threshold, within_chunks=True) does when decoding, so the model learns
         under the eviction it will be served with (fpa_form.evicting_attention). None turns it off.
         With a cache, the cache's policy decides."""
-        if threshold is not None and (
-            isinstance(threshold, bool)
-            or not isinstance(threshold, (int, float))
-            or not math.isfinite(threshold)
-            or threshold < 0
-        ):
-            raise ValueError(f"threshold must be a finite number >= 0 or None, got {threshold!r}")
-        self.training_eviction_threshold = None if threshold is None else float(threshold)
+        self.training_eviction_threshold = check_training_threshold(threshold)
 
     @property
     def beta(self) -> Tensor:

@@ -4,8 +4,6 @@ inspection, and attention against the paged KV cache."""
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor
 
@@ -13,6 +11,7 @@ from fpa.ops.cached.paged import fpa_past_bias
 from fpa.ops.cached.state import LayerState
 from fpa.ops.cached.storage import PAD_BIG
 from fpa.ops.cached.weights import attention_weights, fpa_bias
+from fpa.ops.checks import check_number
 from fpa.ops.field import range_min
 from fpa.ops.fpa.evicting import evicting_fpa
 from fpa.ops.softmax import causal_softmax_attention
@@ -60,16 +59,7 @@ def evicting_bias(field: Tensor, level: Tensor, beta: Tensor, threshold: float, 
 def check_training_threshold(threshold: object) -> float | None:
     """A layer's ``set_training_eviction`` argument: None, or a finite number >= 0 (as float).
     ValueError otherwise."""
-    if threshold is None:
-        return None
-    if (
-        isinstance(threshold, bool)
-        or not isinstance(threshold, (int, float))
-        or not math.isfinite(threshold)
-        or threshold < 0
-    ):
-        raise ValueError(f"threshold must be a finite number >= 0 or None, got {threshold!r}")
-    return float(threshold)
+    return None if threshold is None else check_number("threshold", threshold, low=0, what="or None")
 
 
 def evicting_attention(

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 GPU_BACKENDS = ("triton", "flex")
-_SOURCES = ("fpa/triton.py", "fpa/triton_kernels.py", "fpa/triton_prep.py", "fpa/flex.py")
+_SOURCES = ("fpa/triton.py", "fpa/triton_kernels.py", "fpa/triton_prep.py", "fpa/triton_configs.py", "fpa/flex.py")
 
 
 def record_path() -> Path:

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fpa.ops.checks import positive_int
+
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 NEEDLE = "The pass key is {key}. Remember it. {key} is the pass key. "
 QUESTION = "What is the pass key? The pass key is"
@@ -46,8 +48,7 @@ def _encode(tokenizer, text: str) -> np.ndarray:
 
 def random_key(rng: np.random.Generator, n_digits: int = DEFAULT_DIGITS) -> str:
     """n_digits random decimal digits (leading zeros allowed)."""
-    if not isinstance(n_digits, int) or n_digits < 1:
-        raise ValueError(f"n_digits must be a positive int, got {n_digits!r}")
+    positive_int("n_digits", n_digits)
     return "".join(str(d) for d in rng.integers(0, 10, size=n_digits))
 
 

@@ -110,7 +110,13 @@ def _train_flags(p: argparse.ArgumentParser) -> None:
         help="JSON object of FPAConfig fields, e.g. '{\"hidden_size\": 64}', FPA options nested: "
         '\'{"fpa": {"level_offset": "head"}}\' (unknown keys are an error)',
     )
-    p.add_argument("--no-progress", dest="progress", action="store_const", const=False, help="no progress bar")
+    p.add_argument(
+        "--no-progress",
+        dest="progress",
+        action="store_const",
+        const=False,
+        help="no progress bars (transformers' included): a plain line every --log-every steps",
+    )
     p.add_argument(
         "--no-verify-data",
         dest="verify_data",

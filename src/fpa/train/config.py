@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import difflib
 import json
-import math
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+
+from fpa.ops.checks import check_number, non_negative_int, positive_int
 
 DEVICES = ("auto", "cpu", "cuda")
 PARALLEL = ("auto", "none", "ddp", "fsdp")
@@ -80,29 +81,13 @@ class TrainConfig:
             "eval_every",
             "eval_batches",
         ):
-            val = getattr(self, name)
-            if not isinstance(val, int) or isinstance(val, bool) or val <= 0:
-                raise ValueError(f"{name} must be a positive int, got {val!r}")
+            positive_int(name, getattr(self, name))
         for name in ("warmup_steps", "seed", "evict_from_step"):
-            val = getattr(self, name)
-            if not isinstance(val, int) or val < 0:
-                raise ValueError(f"{name} must be a non-negative int, got {val!r}")
-        for name in ("live_reg", "live_reg_threshold"):
-            val = getattr(self, name)
-            bad = isinstance(val, bool) or not isinstance(val, (int, float)) or val < 0
-            if bad or (name == "live_reg_threshold" and val == 0):
-                raise ValueError(
-                    f"{name} must be a {'positive' if name == 'live_reg_threshold' else 'non-negative'} number, "
-                    f"got {val!r}"
-                )
+            non_negative_int(name, getattr(self, name))
+        check_number("live_reg", self.live_reg, low=0)
+        check_number("live_reg_threshold", self.live_reg_threshold, low=0, low_open=True)
         if self.evict_threshold is not None:
-            if (
-                isinstance(self.evict_threshold, bool)
-                or not isinstance(self.evict_threshold, (int, float))
-                or not math.isfinite(self.evict_threshold)
-                or self.evict_threshold < 0
-            ):
-                raise ValueError(f"evict_threshold must be a finite number >= 0 or None, got {self.evict_threshold!r}")
+            check_number("evict_threshold", self.evict_threshold, low=0, what="or None")
             if self.attention not in ("fpa", "fox"):
                 raise ValueError(
                     "evict_threshold needs attention='fpa' or 'fox' (it applies the model's own eviction rule), "
@@ -112,16 +97,11 @@ class TrainConfig:
             raise ValueError(f"evict_from_step is {self.evict_from_step} but evict_threshold is not set")
         if self.live_reg > 0 and self.attention != "fpa":
             raise ValueError(f"live_reg needs attention='fpa' (it regularises FPA's penalties), got {self.attention!r}")
-        for name in ("lr", "weight_decay", "grad_clip"):
-            val = getattr(self, name)
-            if not isinstance(val, (int, float)) or val < 0 or (name == "lr" and val == 0):
-                raise ValueError(
-                    f"{name} must be a {'positive' if name == 'lr' else 'non-negative'} number, got {val!r}"
-                )
+        check_number("lr", self.lr, low=0, low_open=True)
+        for name in ("weight_decay", "grad_clip"):
+            check_number(name, getattr(self, name), low=0)
         for name in ("min_lr_ratio", "mix_rate", "beta1", "beta2"):
-            val = getattr(self, name)
-            if not isinstance(val, (int, float)) or not 0 <= val <= 1:
-                raise ValueError(f"{name} must be a number in [0, 1], got {val!r}")
+            check_number(name, getattr(self, name), low=0, high=1)
         for name, allowed in (("device", DEVICES), ("parallel", PARALLEL), ("precision", PRECISIONS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
@@ -138,9 +118,8 @@ class TrainConfig:
         if self.tokenizer not in TOKENIZERS:
             raise ValueError(f"tokenizer must be one of {TOKENIZERS}, got {self.tokenizer!r}")
         for name in ("vocab_size", "max_bytes"):
-            val = getattr(self, name)
-            if val is not None and (not isinstance(val, int) or isinstance(val, bool) or val <= 0):
-                raise ValueError(f"{name} must be None or a positive int, got {val!r}")
+            if getattr(self, name) is not None:
+                positive_int(name, getattr(self, name), "or None")
         self._check_model()
 
     def _check_model(self) -> None:

@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import json
 import math
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import cast
 import torch
 from torch import nn
 
+from fpa.compat import hf_progress_bars
 from fpa.data import TokenShards, load_tokenizer, prepare_corpus
 from fpa.data.atomic import atomic_write_text
 from fpa.train import distributed as D
@@ -22,6 +24,7 @@ from fpa.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkp
 from fpa.train.config import TrainConfig
 from fpa.train.metrics import MetricsLog
 from fpa.train.model_setup import build_model, build_optimizer, set_training_eviction
+from fpa.train.progress import StepProgress
 from fpa.train.schedule import lr_at
 
 MODEL_DIR = "model"
@@ -211,7 +214,9 @@ def train(cfg: TrainConfig, on_step: Callable[[dict], None] | None = None) -> di
     ``on_step(record)`` is called on every rank after each optimizer step (tests use it)."""
     d = D.setup(cfg.device, cfg.parallel)
     try:
-        return _run(cfg, d, on_step)
+        # transformers' bars ("Writing model shards") only where ours is a bar
+        with hf_progress_bars(cfg.progress and sys.stdout.isatty()):
+            return _run(cfg, d, on_step)
     finally:
         D.teardown(d)
 
@@ -245,11 +250,7 @@ def _run(cfg: TrainConfig, d: D.Dist, on_step) -> dict:
         reg = LiveFractionRegularizer(model, cfg.live_reg, cfg.live_reg_threshold)
     start, rec = _resume(out, model, opt, cfg, d)
     log = MetricsLog(out, start, cfg.tensorboard) if d.is_main else None
-    bar = None
-    if cfg.progress and d.is_main:
-        from tqdm import tqdm
-
-        bar = tqdm(total=cfg.steps, initial=start, desc=f"train {cfg.attention}", dynamic_ncols=True)
+    shown = StepProgress(f"train {out.name}", start, cfg.steps, cfg.log_every, cfg.progress) if d.is_main else None
     tokens_per_step = cfg.batch_size * cfg.seq_len
     train_time, val_loss = 0.0, None
     model.train()
@@ -273,15 +274,14 @@ def _run(cfg: TrainConfig, d: D.Dist, on_step) -> dict:
                 rec["task_loss"] = probe(model, tok, cfg.seq_len, device=d.device)
         if log is not None and (done % cfg.log_every == 0 or done == cfg.steps or "val_loss" in rec):
             log.log(rec)
-        if bar is not None:
-            bar.update(1)
-            bar.set_postfix(loss=f"{rec['loss']:.4f}", tok_s=f"{(done - start) * tokens_per_step / train_time:,.0f}")
+        if shown is not None:
+            shown.update(done, rec["loss"], (done - start) * tokens_per_step / train_time)
         if done % cfg.ckpt_every == 0 or done == cfg.steps:
             _checkpoint(out, done, model, opt, cfg, d, rec)
         if on_step is not None:
             on_step(rec)
-    if bar is not None:
-        bar.close()
+    if shown is not None:
+        shown.close()
     if log is not None:
         log.close()
     if val_loss is None:

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from fpa.layers.attention import FirstPassageAttention
+from fpa.ops.checks import check_number
 from fpa.ops.field import dip
 
 
@@ -23,8 +24,7 @@ class LiveFractionRegularizer:
 
     def __init__(self, model: nn.Module, weight: float, threshold: float, temperature: float = 1.0):
         for name, val in (("weight", weight), ("threshold", threshold), ("temperature", temperature)):
-            if isinstance(val, bool) or not isinstance(val, (int, float)) or not val > 0:
-                raise ValueError(f"{name} must be a positive number, got {val!r}")
+            check_number(name, val, low=0, low_open=True)
         self.weight, self.threshold, self.temperature = float(weight), float(threshold), float(temperature)
         self._values: list[Tensor] = []
         layers = [m for m in model.modules() if isinstance(m, FirstPassageAttention)]
