@@ -350,7 +350,7 @@ class SessionPrompt:
 
 
 def make_eval_prompts(spec: SessionSpec, kinds: tuple[str, ...] = KINDS) -> list[SessionPrompt]:
-    """One session per seed of ``spec.seeds`` and one question of each of ``kinds`` on it.
+    """One agent log per seed of ``spec.seeds`` and one question of each of ``kinds`` on it.
     Session ``s`` is drawn from ``default_rng([SEED_TAG, s])`` and its question of kind k from
     ``default_rng([SEED_TAG, s, KINDS.index(k) + 1])``: the prompts are fixed by ``spec``."""
     bad = [k for k in kinds if k not in KINDS]
