@@ -1,14 +1,14 @@
 """Memory bounded by nesting depth: bytes held and accuracy along a >= 100k-token agent trace.
 
-One trace of the ``calls`` task (fpa.experiments.agent_trace.make_trace: calls open and return at
+One trace of the ``calls`` task (fpa.experiments.agent.trace.make_trace: calls open and return at
 random with the depth capped, observations in between; answers read every 64 tokens) is decoded by
 one-head models under three caches: the full cache, a sliding window of ``--window`` keys and
 FPA's own rule (FPAEviction(``--threshold``)). Heads:
 
 - ``trained walk``: the library's fpa-walk layer (level = field), one head, trained on short
-  calls sequences (fpa.experiments.agent_trace.train_walk_head);
+  calls sequences (fpa.experiments.agent.trace.train_walk_head);
 - ``trained walk+offset``: the same with a per-token level offset (TokenOffsetWalk in
-  fpa.experiments.agent_trace: the library walk with level_offset="token", linear increments, softplus beta);
+  fpa.experiments.agent.trace: the library walk with level_offset="token", linear increments, softplus beta);
 - ``constructed walk+offset``: TokenOffsetWalk with hand-set weights (no training): what the
   mechanism gives when the head is exactly right.
 
@@ -28,7 +28,7 @@ import torch
 
 from fpa.cache import FPAEviction, SlidingWindow
 from fpa.data.atomic import atomic_write_bytes, atomic_write_figure
-from fpa.experiments.agent_trace import (
+from fpa.experiments.agent.trace import (
     OneHotHead,
     constructed_offset_head,
     decode_trace,
@@ -36,7 +36,7 @@ from fpa.experiments.agent_trace import (
     summarise,
     train_walk_head,
 )
-from fpa.tasks.packed import PackedModels
+from fpa.models.packed import PackedModels
 
 
 def markdown(data: dict) -> str:

@@ -48,7 +48,7 @@ def calibrate_fields(model: FPAForCausalLM, std: float, probe_len: int = 512, se
         model(probe)
         handle.remove()
         for lin in (attn.field_proj, attn.level_proj):
-            y = attn._per_head(lin, seen[0])[0]  # (H, T)
+            y = lin(seen[0]).float()[0].T  # (H, T): one output per head
             mean, sd = y.mean(-1), y.std(-1).clamp_min(1e-6)
             lin.weight.mul_((std / sd)[:, None])
             lin.bias.copy_((lin.bias - mean) * std / sd)

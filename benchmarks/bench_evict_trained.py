@@ -28,7 +28,7 @@ import torch
 from fpa.cache import FPACache, FPAEviction
 from fpa.data.atomic import atomic_write_bytes
 from fpa.eval.passkey import passkey_grid
-from fpa.experiments.stage_fns import load_model
+from fpa.experiments.lm.train_eval import load_model
 from fpa.train.model_setup import set_training_eviction
 
 DEFAULT_MODELS = "fpa-walk-rule-offsethead1-threshold2-s10,fpa-walk-rule-offsethead1-threshold2-from750-s10"

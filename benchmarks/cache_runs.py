@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from fpa.cache import FPACache, Policy, prefill
+from fpa.compat import CACHE_ARG
 
 MiB = 2**20
 
@@ -40,7 +41,7 @@ def grow_and_decode(
         for i in range(window):
             tok = tokens[:, L + i : L + i + 1]
             t1 = time.perf_counter()
-            model(tok, past_key_values=cache, use_cache=True)
+            model(tok, **{CACHE_ARG: cache}, use_cache=True)
             step_s.append(time.perf_counter() - t1)
         seen = L + window
         ms = 1e3 * statistics.median(step_s)

@@ -132,11 +132,7 @@ def model_skips(model_dir: str, device: str, clock: Clock, T: int) -> list[str]:
 
     def hook(mod, args):
         x = args[0]
-        q = mod._heads(mod.q_proj(x), mod.num_heads)
-        k = mod._heads(mod.k_proj(x), mod.num_kv_heads)
-        if mod.q_norm is not None:
-            q, k = mod.q_norm(q), mod.k_norm(k)
-        v = mod._heads(mod.v_proj(x), mod.num_kv_heads)
+        q, k, v = mod.project(x)
         field, level = mod.field_level(x)
         captured.append((q, k, v, field, level, mod.beta.float(), mod.scale))
 

@@ -20,7 +20,15 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-ROWS = [["ops", "data"], ["layers", "cache"], ["models", "tasks"], ["train", "eval"], ["experiments"], ["cli"]]
+ROWS = [
+    ["ops", "data"],
+    ["cache.store"],
+    ["layers", "cache"],
+    ["models", "tasks"],
+    ["train", "eval"],
+    ["experiments"],
+    ["cli"],
+]
 
 
 def _layering_test():

@@ -114,7 +114,7 @@ def test_train_rejects_misspelt_override_before_work(tmp_path, capsys):
     assert "must be a JSON object" in err_line(capsys)
     (tmp_path / "c.json").write_text(json.dumps({"out_dir": str(out), "model_overrides": {"rope_theta": -1}}))
     assert main(["train", "--config", str(tmp_path / "c.json")]) == 2
-    assert "rope_theta must be > 0" in err_line(capsys)
+    assert "rope_theta must be a finite number > 0" in err_line(capsys)
     assert not out.exists()
 
 
@@ -147,7 +147,7 @@ def test_failed_train_leaves_no_folder(tmp_path, capsys):
         (
             "c.json",
             '{"out_dir": "o", "stepz": 3}',
-            "unknown training config keys \\['stepz'\\]; 'stepz' \\(did you mean 'steps'\\?\\); valid keys",
+            "unknown keys in the training config: \\['stepz'\\]; 'stepz' \\(did you mean 'steps'\\?\\); valid keys",
         ),
         ("c.toml", "", "must end in .json, .yaml or .yml"),
         ("missing.json", None, "does not exist"),
@@ -197,7 +197,7 @@ def test_synth_negative_construct_n(tmp_path, capsys):
         )
         == 2
     )
-    assert "--construct-n must be >= 0" in err_line(capsys)
+    assert "--construct-n must be a non-negative int" in err_line(capsys)
     assert not out.exists()
 
 
@@ -260,7 +260,7 @@ def test_eval_bad_model_folders(model_dir, tmp_path, capsys):
     cases = [
         (trunc, "truncated or corrupt"),
         (badcfg, "config.json is corrupt"),
-        (badval, "rms_norm_eps must be > 0"),
+        (badval, "rms_norm_eps must be a finite number > 0"),
         (shape, "do not match config.json"),
         (noweights, "holds no weights"),
         (tmp_path, "saved model folder"),

@@ -2,12 +2,24 @@
 below it. Read with ``ast`` (nothing is imported); an import counts wherever it is written, at
 the top of a module or inside a function.
 
-    ops        <- layers <- models <- train, eval <- experiments
-    ops        <- cache  <- models
+    ops <- cache.store <- layers <- models <- train, eval <- experiments
+           cache.store <- cache  <- models
     data, tasks (ops, layers, data) sit beside them; experiments may import everything.
+
+fpa.cache.store, the paged KV store (the cache's memory and the attention over it), is a unit of
+its own: it imports only fpa.ops, and fpa.layers imports it and nothing else of fpa.cache. The rest
+of fpa.cache (the transformers cache, the policies) imports only fpa.ops and the store.
+fpa/cache/__init__.py imports its submodules lazily, so ``import fpa.layers`` (which runs it on
+the way to the store) imports neither transformers nor the rest of fpa.cache.
+
+Inside experiments, one subpackage per pipeline (lm, synthetic, agent) over the shared modules at
+its top level (stages, pool, provenance): a shared module imports no pipeline, and a pipeline
+imports no other pipeline, except agent -> synthetic (the agent trace trains the synthetic
+study's packed heads with its recipe).
 
 fpa/__init__.py (``import fpa``) must stay light: it imports no subpackage at module level.
 fpa/compat.py (the transformers shims, used by models and cache) imports no fpa module.
+fpa/checks.py (the number checks every package uses) imports no fpa module and not torch.
 """
 
 from __future__ import annotations
@@ -22,15 +34,16 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src"
-PACKAGES = ("ops", "layers", "cache", "models", "train", "data", "tasks", "eval", "experiments")
+PACKAGES = ("ops", "cache.store", "layers", "cache", "models", "train", "data", "tasks", "eval", "experiments")
 
 # package -> the fpa packages it may import (besides itself). Everything may use the root modules
-# fpa.compat and fpa.cli's helpers; "experiments" may import every package.
+# fpa.checks, fpa.compat and fpa.cli's helpers; "experiments" may import every package.
 ALLOWED: dict[str, set[str]] = {
     "ops": set(),
     "data": set(),
-    "layers": {"ops"},
-    "cache": {"ops"},
+    "cache.store": {"ops"},
+    "layers": {"ops", "cache.store"},
+    "cache": {"ops", "cache.store"},
     "models": {"ops", "layers", "cache", "data"},
     "tasks": {"ops", "layers", "data"},
     "train": {"ops", "layers", "models", "data", "tasks"},
@@ -82,8 +95,11 @@ GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
 
 
 def _unit(module: str) -> str:
-    """The package a module belongs to (fpa.cache.layer -> "cache"), or the root module itself."""
+    """The package a module belongs to (fpa.cache.layer -> "cache", fpa.cache.store.paged ->
+    "cache.store"), or the root module itself."""
     parts = module.split(".")
+    if parts[1:3] == ["cache", "store"]:
+        return "cache.store"
     return parts[1] if len(parts) > 1 and parts[1] in PACKAGES else module
 
 
@@ -134,8 +150,10 @@ def _package_edges() -> dict[str, dict[str, list[str]]]:
 
 
 def test_the_graph_was_read():
-    assert {"fpa.layers.first_passage", "fpa.cache.layer", "fpa.models.modeling_fpa", "fpa.ops"} <= set(MODULES)
+    assert {"fpa.layers.first_passage", "fpa.cache.layer", "fpa.cache.store.state", "fpa.ops"} <= set(MODULES)
     assert "fpa.ops" in GRAPH["fpa.layers.first_passage"]  # a real edge is seen
+    assert _unit("fpa.cache.store") == _unit("fpa.cache.store.paged") == "cache.store"
+    assert _unit("fpa.cache") == _unit("fpa.cache.layer") == "cache" and _unit("fpa.checks") == "fpa.checks"
 
 
 def test_no_module_cycle():
@@ -156,6 +174,34 @@ def test_package_imports_only_what_lies_below_it(package):
     assert not bad, f"fpa.{package} may import only {sorted(ALLOWED[package])}; it imports {bad}"
 
 
+# experiments pipeline -> the other pipelines it may import (besides the shared top-level modules)
+PIPELINES: dict[str, set[str]] = {"lm": set(), "synthetic": set(), "agent": {"synthetic"}}
+
+
+def _pipeline(module: str) -> str | None:
+    """The experiments pipeline a module belongs to (fpa.experiments.lm.report -> "lm"), else None."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "experiments" and parts[2] in PIPELINES else None
+
+
+def test_every_experiments_subpackage_is_a_declared_pipeline():
+    found = {p.name for p in (SRC / "fpa" / "experiments").iterdir() if (p / "__init__.py").is_file()}
+    assert found == set(PIPELINES), f"fpa.experiments subpackages {sorted(found)}, declared {sorted(PIPELINES)}"
+
+
+def test_pipelines_import_only_the_shared_modules_and_their_own():
+    bad = []
+    for a, targets in GRAPH.items():
+        if _unit(a) != "experiments":
+            continue
+        pa = _pipeline(a)
+        for b in targets:
+            pb = _pipeline(b)
+            if pb is not None and pb != pa and (pa is None or pb not in PIPELINES[pa]):
+                bad.append(f"{a} -> {b}")
+    assert not bad, f"an experiments module imports another pipeline: {bad}"
+
+
 def test_import_fpa_stays_light():
     """fpa/__init__.py imports no fpa subpackage at module level (fpa.ops only lazily, in
     __getattr__), so ``import fpa`` imports neither torch nor transformers."""
@@ -168,18 +214,43 @@ def test_import_fpa_stays_light():
     assert not top & {"torch", "transformers", "importlib", "importlib.abc", "sys"}, top
 
 
-def test_compat_imports_no_fpa_module():
-    assert GRAPH["fpa.compat"] == set()
+def test_import_fpa_cache_is_lazy():
+    """fpa/cache/__init__.py imports no module at module level (its names come from ``__getattr__``;
+    the imports under ``if TYPE_CHECKING`` are for mypy and the docs, and count in the graph)."""
+    assert _imports("fpa.cache", MODULES["fpa.cache"], top_level_only=True) == set()
+    assert {"fpa.cache.cache", "fpa.cache.policies"} <= GRAPH["fpa.cache"]
+
+
+@pytest.mark.parametrize("root", ["fpa.compat", "fpa.checks"])
+def test_root_modules_import_no_fpa_module(root):
+    assert GRAPH[root] == set()
+
+
+def test_checks_imports_no_third_party_module():
+    tree = ast.parse(MODULES["fpa.checks"].read_text())
+    names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    names |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert {m.split(".")[0] for m in names} <= set(sys.stdlib_module_names) | {"__future__"}, names
 
 
 def test_imports_at_run_time():
-    """What the table means at run time: ``import fpa`` imports neither torch nor transformers,
-    ``import fpa.layers`` imports nothing of fpa.cache (nor transformers), and ``import fpa.models``
-    registers the Auto classes."""
+    """What the table means at run time: ``import fpa`` and ``import fpa.checks`` import neither
+    torch nor transformers, ``import fpa.layers`` imports nothing of fpa.cache but its store (nor
+    transformers), fpa.cache's names are what its submodules define (``prefill`` the function even
+    once the module fpa.cache.prefill is imported), and ``import fpa.models`` registers the Auto
+    classes."""
     code = (
-        "import sys\nimport fpa\nassert 'torch' not in sys.modules and 'transformers' not in sys.modules\n"
-        "import fpa.layers\nassert not [m for m in sys.modules if m.startswith(('fpa.cache', 'fpa.models'))]\n"
-        "assert 'transformers' not in sys.modules\n"
+        "import sys\nimport fpa, fpa.checks\n"
+        "assert 'torch' not in sys.modules and 'transformers' not in sys.modules\n"
+        "import fpa.layers\n"
+        "cache = [m for m in sys.modules if m.startswith('fpa.cache') and not m.startswith('fpa.cache.store')]\n"
+        "assert cache == ['fpa.cache'], cache\n"
+        "assert 'fpa.cache.store.paged' in sys.modules and 'fpa.cache.cache' not in sys.modules\n"
+        "assert 'transformers' not in sys.modules and not [m for m in sys.modules if m.startswith('fpa.models')]\n"
+        "import fpa.cache.prefill, fpa.cache.policies\nimport fpa.cache as c\n"
+        "assert c.prefill is sys.modules['fpa.cache.prefill'].prefill\n"
+        "assert c.TOVA is sys.modules['fpa.cache.policies'].TOVA and set(c.__all__) == set(c._SOURCES)\n"
+        "assert all(getattr(c, n).__module__.startswith('fpa.cache.') for n in c.__all__)\n"
         "import fpa.models\nfrom transformers import AutoConfig\n"
         "assert type(AutoConfig.for_model('fpa')).__name__ == 'FPAConfig'\n"
     )

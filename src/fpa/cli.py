@@ -26,7 +26,7 @@ from typing import NoReturn
 COMMANDS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "model-info": ("fpa.models.cli", "parameter count and layout of a preset", ("models",)),
     "synth": (
-        "fpa.experiments.synth_cli",
+        "fpa.experiments.synthetic.cli",
         "nested-structure tasks: capacity experiment and constructive check",
         ("train",),
     ),
@@ -38,8 +38,13 @@ COMMANDS: dict[str, tuple[str, str, tuple[str, ...]]] = {
         ("models", "train"),
     ),
     "reproduce": (
-        "fpa.experiments.reproduce_cli",
+        "fpa.experiments.lm.cli",
         "train a preset's methods, run every evaluation, write the report",
+        ("models", "train"),
+    ),
+    "agent": (
+        "fpa.experiments.agent.cli",
+        "language models on short agent sessions, long sessions decoded with the evicting cache",
         ("models", "train"),
     ),
 }

@@ -9,17 +9,25 @@ import contextlib
 from collections.abc import Iterator
 
 from transformers.modeling_outputs import BaseModelOutputWithPast
+from transformers.utils import ModelOutput
 
-# transformers >= 5.3 renamed the cache output field and generate argument "past_key_values" to
-# "cache" (the old name still works there, with a deprecation warning): use the installed name.
+# transformers >= 5.3 renamed the cache argument of forward and generate, and the cache field of
+# model outputs, "past_key_values" -> "cache"; the old name still works there but warns (generate:
+# a FutureWarning; forward and outputs: the logged "`past_key_values`/`cache_params` are
+# deprecated"). Every call that passes a cache to a model or to generate spells it
+# ``**{CACHE_ARG: cache}``, the installed name. (FPA's own models take both names on every version.)
 CACHE_ARG = "cache" if "cache" in BaseModelOutputWithPast.__dataclass_fields__ else "past_key_values"
 
 
 def output_cache(out):
-    """The cache of a model output, under whichever name the installed transformers uses (an
-    output of another library's model may carry the other name: it is read too); None if none."""
+    """The cache a model output carries, None if none. A transformers ``ModelOutput`` is read under
+    ``CACHE_ARG`` only (on >= 5.3 an output built with the old name holds it under the new one, and
+    reading the old name logs the deprecation); any other object (another library's output) under
+    either name."""
+    if isinstance(out, ModelOutput):
+        return out.get(CACHE_ARG)
     for name in (CACHE_ARG, "past_key_values"):
-        c = out.get(name) if hasattr(out, "get") else getattr(out, name, None)
+        c = out.get(name) if isinstance(out, dict) else getattr(out, name, None)
         if c is not None:
             return c
     return None

@@ -2,7 +2,6 @@
 so that `from cache_testing import ...` cannot pick up another folder's conftest)."""
 
 import torch
-import torch.nn.functional as F
 
 from fpa.layers.attention import make_attention
 from fpa.layers.options import FPAOptions
@@ -62,18 +61,13 @@ def forgetful_layer(kind, seed=0, num_kv_heads=2, qk_norm=False, hidden=32, head
 
 def full_qkv(layer, x):
     """q (B, Hq, T, D), k, v (B, Hkv, T, D) of a whole sequence, as the layer's forward computes them."""
-    q = layer._heads(layer.q_proj(x), layer.num_heads)
-    k = layer._heads(layer.k_proj(x), layer.num_kv_heads)
-    v = layer._heads(layer.v_proj(x), layer.num_kv_heads)
-    if layer.q_norm is not None:
-        q, k = layer.q_norm(q), layer.k_norm(k)
-    return q, k, v
+    return layer.project(x)
 
 
 def full_penalty(layer, x):
     """Dense beta * dip (B, Hq, T, T) [query i, key j] for the whole sequence x (B, T, hidden)."""
     if hasattr(layer, "fgate_proj"):
-        field = torch.cumsum(F.logsigmoid(layer._per_head(layer.fgate_proj, x)), -1)
+        field = torch.cumsum(layer.log_forget(x), -1)
         return dip(field, field)
     field, level = layer.field_level(x)
     return layer.beta.detach()[None, :, None, None] * dip(field, level)

@@ -24,7 +24,7 @@ def _calls(model, x, cache, chunks):
     out, held, a = [], [], 0
     with torch.no_grad():
         for n in chunks:
-            out.append(model(x[:, a : a + n], past_key_values=cache, use_cache=True).logits)
+            out.append(model(x[:, a : a + n], cache=cache, use_cache=True).logits)
             held.append((a + n, cache.keys_held()))
             a += n
     return torch.cat(out, 1), held
@@ -174,7 +174,7 @@ def test_batch_rows_evict_differently_and_match_alone():
     held, seen = cache.held_and_seen()
     assert cache.kept_fraction() == pytest.approx(held / seen) == pytest.approx(cache.policy.kept_fraction)
     assert seen == 2 * 3 * 2 * 24  # layers * rows * KV heads * tokens
-    for lc in cache.layers:  # paged storage: bytes follow the kept keys (fpa.ops.cached.storage)
+    for lc in cache.layers:  # paged storage: bytes follow the kept keys (fpa.cache.store.storage)
         st = lc.store
         assert st.bytes_live() == int(lc.counts().sum()) * st.slot_bytes()
         assert st.bytes_held() <= 1.15 * st.bytes_live() + st.overhead_bound()
@@ -209,7 +209,7 @@ def test_generate_helper_equals_manual_greedy_with_eviction():
             steps.append(logits)
             nxt = logits.argmax(-1, keepdim=True)
             seq = torch.cat([seq, nxt], 1)
-            logits = m(nxt, past_key_values=cache, use_cache=True).logits[:, -1]
+            logits = m(nxt, cache=cache, use_cache=True).logits[:, -1]
     # measured max |difference| of the two paths' logits 0 (here and on 4 other models); tolerance 1e-5, the
     # bar for cached attention (test_paged.py)
     torch.testing.assert_close(torch.stack(res.scores), torch.stack(steps), atol=1e-5, rtol=0)
@@ -225,10 +225,10 @@ def test_reset_keeps_what_the_cache_set_on_its_layers():
     x = torch.randint(0, 37, (1, 12))
     cache = FPACache(TOVA(5))
     with torch.no_grad():
-        first = m(x, past_key_values=cache, use_cache=True).logits
+        first = m(x, cache=cache, use_cache=True).logits
         cache.reset()
         assert cache.get_seq_length() == 0
-        again = m(x, past_key_values=cache, use_cache=True).logits
+        again = m(x, cache=cache, use_cache=True).logits
     assert torch.equal(first, again)  # an empty cache both times: the same kernels on the same inputs
     assert all((h == 5).all() for h in cache.keys_held())
 

@@ -33,7 +33,7 @@ def _decode(att, mode, policy, block_size, masked):
 
     def call(a, b):
         kw = {"attention_mask": mask[:, :b]} if masked else {}
-        return m(inputs_embeds=x[:, a:b], past_key_values=cache, use_cache=True, **kw).logits
+        return m(inputs_embeds=x[:, a:b], cache=cache, use_cache=True, **kw).logits
 
     per_step = []
     with torch.no_grad():

@@ -1,4 +1,4 @@
-"""Paged decoding (fpa.ops.cached.paged over fpa.ops.cached.storage) at the model level: exact without a
+"""Paged decoding (fpa.cache.store.paged over fpa.cache.store.storage) at the model level: exact without a
 policy, rows and heads evicting differently, the memory bound for every policy, bounded peak
 during a chunked prefill, no creep over long runs."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 from cache_testing import TYPES, tiny_model
 
-import fpa.ops.cached.paged as paged
+import fpa.cache.store.paged as paged
 from fpa.cache import H2O, TOVA, FoXEviction, FPACache, FPAEviction, SlidingWindow, StreamingLLM, prefill
 from fpa.cache.hybrid import RuleThenBudget
 
@@ -18,7 +18,7 @@ def _run(model, x, cache, chunks, check=None):
     out, a = [], 0
     with torch.no_grad():
         for n in chunks:
-            out.append(model(x[:, a : a + n], past_key_values=cache, use_cache=True).logits)
+            out.append(model(x[:, a : a + n], cache=cache, use_cache=True).logits)
             a += n
             if check is not None:
                 check(cache)

@@ -171,3 +171,14 @@ def test_policy_validation():
     with pytest.raises(ValueError, match="certified"):
         FPAEviction(1.0, certified=1)
     assert math.isnan(FPAEviction(1.0).kept_fraction)
+
+
+def test_rule_then_budget_refuses_a_within_chunks_rule():
+    """The cache runs a within-chunks rule inside the attention only when it is the cache's policy
+    itself; wrapped, the within-chunks part would be dropped silently, so it is refused."""
+    from fpa.cache import H2O, FPAEviction
+    from fpa.cache.hybrid import RuleThenBudget
+
+    with pytest.raises(ValueError, match=r"rule must apply its threshold between calls \(within_chunks=False\)"):
+        RuleThenBudget(FPAEviction(2.0, within_chunks=True), H2O(8))
+    assert RuleThenBudget(FPAEviction(2.0), H2O(8)).name

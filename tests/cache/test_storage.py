@@ -1,9 +1,9 @@
-"""The paged store (fpa.ops.cached.storage): order and values through eviction and compaction, the
+"""The paged store (fpa.cache.store.storage): order and values through eviction and compaction, the
 memory bound, block reuse over long runs."""
 
 import torch
 
-from fpa.ops.cached.storage import PAD_BIG, PagedStore
+from fpa.cache.store.storage import PAD_BIG, PagedStore
 
 
 def _fields(B, Hkv, groups, T, D=3, start=0):

@@ -2,9 +2,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fpa.cache.store.storage import PAD_BIG
+from fpa.cache.store.weights import attention_weights, fpa_bias
 from fpa.ops import first_passage_attention
-from fpa.ops.cached.storage import PAD_BIG
-from fpa.ops.cached.weights import attention_weights, fpa_bias
 
 
 @settings(max_examples=25, deadline=None)

@@ -42,7 +42,7 @@ def _logits(model, ids, policy, chunk):
     """Logits (B, T, V) of every prompt position, fed in chunks of ``chunk`` tokens."""
     cache, out = FPACache(policy), []
     for a in range(0, ids.shape[1], chunk):
-        out.append(model(input_ids=ids[:, a : a + chunk], past_key_values=cache, use_cache=True).logits)
+        out.append(model(input_ids=ids[:, a : a + chunk], cache=cache, use_cache=True).logits)
     return torch.cat(out, 1), cache
 
 

@@ -4,6 +4,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from fpa.compat import CACHE_ARG
 from fpa.data import ByteTokenizer
 from fpa.tasks.passkey import QUESTION
 
@@ -26,12 +27,15 @@ class OracleModel(torch.nn.Module):
         done = text.rsplit(QUESTION, 1)[1]
         return ord(answer[len(done)]) if len(done) < len(answer) else ord(" ")
 
-    def forward(self, input_ids, past_key_values=None, use_cache=True, **kw):
-        seen = input_ids if past_key_values is None else torch.cat([past_key_values["ids"], input_ids], 1)
+    def forward(self, input_ids, use_cache=True, **kw):
+        """The cache comes and goes under the installed transformers' name (fpa.compat.CACHE_ARG),
+        as with a real model."""
+        cache = kw.get(CACHE_ARG)
+        seen = input_ids if cache is None else torch.cat([cache["ids"], input_ids], 1)
         logits = torch.zeros(input_ids.shape + (self.vocab_size,))
         for b, row in enumerate(seen.tolist()):
             logits[b, -1, self._next(row)] = 1.0
-        return SimpleNamespace(logits=logits, past_key_values={"ids": seen})
+        return SimpleNamespace(logits=logits, **{CACHE_ARG: {"ids": seen}})
 
 
 @pytest.fixture

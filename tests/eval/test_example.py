@@ -14,9 +14,7 @@ def test_answer_attention_is_the_layers_own_attention(tiny_model, mode):
     x = torch.randn(1, 50, 32)
     with torch.no_grad():
         field, level, w = fpa_head_maps(attn, x)
-        q = attn._heads(attn.q_proj(x), attn.num_heads)
-        k = attn._heads(attn.k_proj(x), attn.num_kv_heads)
-        v = attn._heads(attn.v_proj(x), attn.num_kv_heads)
+        q, k, v = attn.project(x)
         ref = first_passage_attention(q, k, v, field[None], level[None], beta=attn.beta)[0, :, -1]
     assert w.shape == (2, 50) and torch.allclose(w.sum(-1), torch.ones(2))
     torch.testing.assert_close(torch.einsum("ht,htd->hd", w, v[0]), ref, rtol=1e-4, atol=1e-5)

@@ -71,7 +71,7 @@ def test_clear_error_on_a_transformers_kvpress_cannot_hook(monkeypatch):
     import sys
     import types
 
-    from fpa.models.modeling_fpa import CACHE_ARG
+    from fpa.compat import CACHE_ARG
 
     if CACHE_ARG == "past_key_values":
         pytest.skip("transformers < 5.3: kvpress can hook")

@@ -43,7 +43,7 @@ def test_stage_lines_go_through_tqdm_write(tmp_path, monkeypatch, capsys):
     active bar instead of writing into it; a bar open meanwhile is not broken."""
     import tqdm
 
-    from fpa.experiments.reproduce import reproduce
+    from fpa.experiments.lm.reproduce import reproduce
 
     written: list[str] = []
     real = tqdm.tqdm.write

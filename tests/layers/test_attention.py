@@ -1,9 +1,9 @@
 import pytest
 import torch
 
+from fpa.cache.store import LayerState
 from fpa.layers import ATTENTION_TYPES, FirstPassageAttention, TransformerBlock, make_attention
 from fpa.layers.options import FPAOptions
-from fpa.ops.cached import LayerState
 
 KW = [
     ("fpa", {"fpa": FPAOptions(mode="free")}),
@@ -33,12 +33,12 @@ def test_causal_and_cache(att, kw):
 
 
 def test_the_cache_layer_is_the_state_the_layers_call():
-    """fpa.cache.LayerCache (a transformers cache layer) is a fpa.ops.cached.LayerState, the
-    interface the layers call; the layers themselves import nothing from fpa.cache."""
+    """fpa.cache.LayerCache (a transformers cache layer) is a fpa.cache.store.LayerState, the
+    interface the layers call; the layers themselves import nothing of fpa.cache but its store."""
     from fpa.cache import LayerCache, LayerInfo
-    from fpa.ops.cached import LayerInfo as OpsLayerInfo
+    from fpa.cache.store import LayerInfo as StoreLayerInfo
 
-    assert issubclass(LayerCache, LayerState) and LayerInfo is OpsLayerInfo
+    assert issubclass(LayerCache, LayerState) and LayerInfo is StoreLayerInfo
     m = make_attention("fpa", 16, 2, fpa={"mode": "walk"})
     lc = LayerCache()
     m(torch.randn(1, 3, 16), lc)

@@ -46,10 +46,13 @@ def test_model_info_prints_the_default_options(capsys):
         (dict(beta_init=True), r"FPAOptions.beta_init must be a finite number, got True"),
         (dict(walk_bias_init=math.nan), r"FPAOptions.walk_bias_init must be a finite number, got nan"),
         (dict(level_offset_init=-math.inf), r"FPAOptions.level_offset_init must be a finite number, got -inf"),
-        (dict(field_init_std=-0.1), r"FPAOptions.field_init_std must be a number >= 0, got -0.1"),
-        (dict(field_lr_multiplier=0), r"FPAOptions.field_lr_multiplier must be a number in \(0, 1000\], got 0"),
-        (dict(field_lr_multiplier=1e4), r"FPAOptions.field_lr_multiplier must be a number in \(0, 1000\]"),
-        (dict(field_lr_multiplier=False), r"FPAOptions.field_lr_multiplier must be a finite number, got False"),
+        (dict(field_init_std=-0.1), r"FPAOptions.field_init_std must be a finite number >= 0, got -0.1"),
+        (dict(field_lr_multiplier=0), r"FPAOptions.field_lr_multiplier must be a finite number in \(0, 1000\], got 0"),
+        (dict(field_lr_multiplier=1e4), r"FPAOptions.field_lr_multiplier must be a finite number in \(0, 1000\]"),
+        (
+            dict(field_lr_multiplier=False),
+            r"FPAOptions.field_lr_multiplier must be a finite number in \(0, 1000\], got False",
+        ),
         (dict(mode="free", level_offset="head"), r"level_offset='head' needs mode='walk'"),
     ],
 )

@@ -21,7 +21,7 @@ def greedy_gap(scores) -> float:
 
 def scored(m, ids, cache=None, **kw):
     """Greedy ``m.generate`` -> (sequences, greedy_gap of its steps)."""
-    from fpa.models.modeling_fpa import CACHE_ARG
+    from fpa.compat import CACHE_ARG
 
     extra = {} if cache is None else {CACHE_ARG: cache}
     out = m.generate(ids, do_sample=False, output_scores=True, return_dict_in_generate=True, **extra, **kw)

@@ -58,11 +58,11 @@ def test_bad_fpa_options_name_the_option():
 def test_issue_examples():
     with pytest.raises(ValueError, match="qk_norm must be true or false.*'no'"):
         FPAConfig(qk_norm="no")
-    with pytest.raises(ValueError, match="rope_theta must be > 0, got -1"):
+    with pytest.raises(ValueError, match="rope_theta must be a finite number > 0, got -1"):
         FPAConfig(rope_theta=-1)
-    with pytest.raises(ValueError, match="rms_norm_eps must be > 0, got -1"):
+    with pytest.raises(ValueError, match="rms_norm_eps must be a finite number > 0, got -1"):
         FPAConfig(rms_norm_eps=-1)
-    with pytest.raises(ValueError, match=r"FPAOptions.field_lr_multiplier must be a number in \(0, 1000\]"):
+    with pytest.raises(ValueError, match=r"FPAOptions.field_lr_multiplier must be a finite number in \(0, 1000\]"):
         FPAConfig(fpa={"field_lr_multiplier": -0.1})
 
 
@@ -102,7 +102,7 @@ def test_token_ids_are_attributes_none_by_default():
 def test_unknown_keys_listed_with_valid_ones():
     with pytest.raises(ValueError, match=r"\['hiden_size'\].*did you mean 'hidden_size'.*valid keys: \['attention'"):
         FPAConfig.from_preset("tiny", hiden_size=32)
-    with pytest.raises(ValueError, match=r"unknown FPAConfig keys.*\['foo'\]"):
+    with pytest.raises(ValueError, match=r"unknown keys in FPAConfig model overrides: \['foo'\]"):
         FPAConfig.from_preset("tiny", foo=1)
     with pytest.raises(ValueError, match="did you mean 'qk_norm'"):
         FPAConfig(qk_nrom=True)  # a misspelt field passed directly
@@ -122,7 +122,7 @@ def test_bad_config_json_fails_on_load(tmp_path):
     FPAConfig().save_pretrained(tmp_path)
     d = json.loads((tmp_path / "config.json").read_text())
     for key, val, words in (
-        ("rope_theta", -1, "rope_theta must be > 0"),
+        ("rope_theta", -1, "rope_theta must be a finite number > 0"),
         ("hiden_size", 3, "did you mean"),
         ("qk_norm", "no", "qk_norm must be"),
     ):
@@ -138,9 +138,9 @@ def test_tiny_preset_fits_the_byte_tokenizer():
 @pytest.mark.parametrize(
     "over, words",
     [
-        ({"hiden_size": 32}, "unknown FPAConfig keys in model_overrides"),
+        ({"hiden_size": 32}, "unknown keys in FPAConfig model_overrides"),
         ({"qk_norm": "no"}, "qk_norm must be true or false"),
-        ({"rms_norm_eps": -1}, "rms_norm_eps must be > 0"),
+        ({"rms_norm_eps": -1}, "rms_norm_eps must be a finite number > 0"),
         ({"attention": "fox"}, "set attention with the training config's own"),
         ({"fpa": {"mode": "free"}}, "set the FPA mode with the training config's own 'fpa_mode' key"),
         ({"fpa": {"level_offset": "sideways"}}, "FPAOptions.level_offset must be one of"),

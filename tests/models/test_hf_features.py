@@ -14,7 +14,7 @@ from test_hf_padding import TYPES, forgetful, padded, prompts
 from transformers import DynamicCache
 
 from fpa.cache import TOVA, FoXEviction, FPACache, FPAEviction, SlidingWindow, StreamingLLM, generate
-from fpa.models.modeling_fpa import CACHE_ARG
+from fpa.compat import CACHE_ARG
 
 
 def _gen(m, ids, cache=None, **kw):

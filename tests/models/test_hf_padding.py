@@ -131,7 +131,7 @@ def _args(policy):
 
 
 def _cache_kw(kw):
-    from fpa.models.modeling_fpa import CACHE_ARG
+    from fpa.compat import CACHE_ARG
 
     return {CACHE_ARG: kw["past_key_values"]} if kw else {}
 

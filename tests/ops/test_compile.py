@@ -41,6 +41,30 @@ def test_attention_block_compiles_fullgraph_without_recompiles(att, kw):
                 assert torch.allclose(a, b, rtol=1e-6, atol=1e-6), f"step {step} tensor {i}: {(a - b).abs().max():.2e}"
 
 
+def test_block_under_the_training_eviction_rule_compiles_fullgraph_without_recompiles():
+    """Training under the threshold rule (the chunked op with its ``hide`` argument): one graph, no
+    recompilation, eager's outputs and gradients; the rule hides keys here (the output moves)."""
+    dynamo.reset()
+    torch.manual_seed(0)
+    blk = TransformerBlock(32, 64, attention="fpa", num_heads=4, num_kv_heads=2, fpa={"mode": "walk"})
+    with torch.no_grad():
+        blk.attn.increment_proj.weight.normal_(0, 0.5)  # a walk that dips, so that the rule hides keys
+    x0 = torch.randn(2, 37, 32)
+    with torch.no_grad():
+        plain = blk(x0)
+    blk.attn.set_training_eviction(0.05)
+    with torch.no_grad():
+        assert (blk(x0) - plain).abs().max() > 1e-3
+    params = list(blk.parameters())
+    compiled = torch.compile(blk, fullgraph=True, backend="aot_eager", dynamic=False)
+    with dynamo.config.patch(error_on_recompile=True):
+        for step in range(3):
+            x = torch.randn(2, 37, 32, requires_grad=True) * (1 + step)
+            want, got = _grads(blk, x, params), _grads(compiled, x, params)
+            for i, (a, b) in enumerate(zip(want, got)):
+                assert torch.allclose(a, b, rtol=1e-6, atol=1e-6), f"step {step} tensor {i}: {(a - b).abs().max():.2e}"
+
+
 def test_model_graph_breaks_are_outside_attention():
     """The whole model under dynamo: any graph break must come from outside the attention code."""
     dynamo.reset()

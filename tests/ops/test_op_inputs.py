@@ -185,13 +185,3 @@ def test_op_leaves_the_floating_point_environment_alone():
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
-
-
-@pytest.mark.parametrize("value", [0, -3, 2.0, True, "4", None])
-def test_positive_int_refuses_what_is_not_a_positive_int(value):
-    with pytest.raises(ValueError, match=r"block_size must be a positive int \(per row\), got"):
-        checks.positive_int("block_size", value, "per row")
-
-
-def test_positive_int_returns_the_value():
-    assert checks.positive_int("n", 7) == 7

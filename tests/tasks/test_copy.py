@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from fpa.data import ByteTokenizer
-from fpa.experiments.presets import PRESETS
+from fpa.experiments.lm.presets import PRESETS
 from fpa.tasks import TASK_PROBES, get_mixer
 from fpa.tasks.copy import COPY_SHARE, copy_training_sample, passkey_or_copy_sample, random_string
 from fpa.tasks.passkey import QUESTION

@@ -98,7 +98,7 @@ def test_walk_rejects_impossible(kw, match):
 def test_unknown_task_and_bad_m():
     with pytest.raises(ValueError, match="task must be one of"):
         get_task("dyck")
-    with pytest.raises(ValueError, match="m must be >= 1"):
+    with pytest.raises(ValueError, match="m must be a positive int"):
         get_task("stack").sample(np.random.default_rng(0), 2, 0)
 
 

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fpa.layers.attention import make_attention
-from fpa.tasks.packed import METHODS, PackedModels
+from fpa.models.packed import METHODS, PackedModels
 from fpa.tasks.probe import attention_probs, layer_output
 
 
@@ -46,28 +46,7 @@ def test_probe_sees_the_penalty():
     assert (p0 - p1).abs().max() > 1e-3
 
 
-@pytest.mark.parametrize("method", sorted(METHODS))
-def test_packed_models_are_independent(method):
-    """Model 0's prediction and attention do not depend on model 1's tokens; gradients stay in-block."""
-    torch.manual_seed(1)
-    model = PackedModels(method, 2, vocab_size=5, dim=2, embed_dim=4)
-    tok = torch.randint(0, 5, (3, 2, 7))
-    tok2 = tok.clone()
-    tok2[:, 1] = torch.randint(0, 5, (3, 7))
-    torch.testing.assert_close(model(tok)[:, 0], model(tok2)[:, 0])
-    model(tok)[:, 0].sum().backward()
-    w = model.attn.q_proj.weight
-    assert w.grad[2:, :].abs().sum() == 0 and w[:2, 4:].abs().sum() == 0
-    p, _ = attention_probs(model.attn, model.hidden(tok))
-    p2, _ = attention_probs(model.attn, model.hidden(tok2))
-    torch.testing.assert_close(p[:, 0], p2[:, 0])
-
-
 def test_bad_arguments():
-    with pytest.raises(ValueError, match="method must be one of"):
-        PackedModels("softmax", 1, 4, 2)
-    with pytest.raises(ValueError, match="dim .* must be >= 1"):
-        PackedModels("fox", 1, 4, 0)
     layer = make_attention("fox", 6, 1)
     with pytest.raises(ValueError, match="x must have shape"):
         attention_probs(layer, torch.randn(2, 3, 5))
@@ -88,23 +67,3 @@ def test_last_row_equals_full(method, T, seed):
     last, _ = attention_probs(model.attn, x, last_only=True)
     torch.testing.assert_close(last, full[:, :, -1:])
     torch.testing.assert_close(model.readout_last(layer_output(model.attn, last, v)), model(tok))
-
-
-@pytest.mark.parametrize("method", ["fpa-walk", "fox", "softmax-alibi"])
-def test_readout_all_and_per_model_clipping(method):
-    """readout_all's last column is forward(); clipping scales each model's gradient on its own."""
-    torch.manual_seed(2)
-    model = PackedModels(method, 2, vocab_size=5, dim=2, embed_dim=4)
-    tok = torch.randint(0, 5, (3, 2, 7))
-    torch.testing.assert_close(model.readout_all(model.attn(model.hidden(tok)))[..., -1], model(tok))
-    out = model(tok)
-    (out[:, 0].sum() * 1e3 + out[:, 1].sum() * 1e-3).backward()  # model 0 large, model 1 tiny gradient
-    before = {n: p.grad.clone() for n, p in model.named_parameters()}
-    norms = model.clip_grad_norm_(1.0)
-    assert norms[0] > 1.0 > norms[1]
-    after = model.clip_grad_norm_(1.0)  # norms after clipping
-    assert after[0] == pytest.approx(1.0, rel=1e-4)
-    assert after[1] == pytest.approx(float(norms[1]), rel=1e-5)  # untouched by model 0's large norm
-    for n, p in model.named_parameters():
-        g0 = before[n].reshape(2, -1)
-        torch.testing.assert_close(p.grad.reshape(2, -1)[1], g0[1])

@@ -101,7 +101,7 @@ def test_config_file_json_and_yaml(tmp_path):
     (tmp_path / "c.yaml").write_text("out_dir: o\nlr: 0.01\nmodel_overrides: {hidden_size: 64}\n")
     assert TrainConfig.from_file(tmp_path / "c.yaml").model_overrides == {"hidden_size": 64}
     (tmp_path / "bad.json").write_text('{"out_dir": "o", "stepz": 7}')
-    with pytest.raises(ValueError, match="unknown training config keys"):
+    with pytest.raises(ValueError, match="unknown keys in the training config"):
         TrainConfig.from_file(tmp_path / "bad.json")
 
 

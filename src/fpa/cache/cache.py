@@ -23,22 +23,23 @@ else:
 
 from fpa.cache.layer import LayerCache
 from fpa.cache.policies import Policy, _ThresholdEviction
-from fpa.ops.checks import positive_int
+from fpa.checks import positive_int
 
 
 class FPACache(Cache):
     """A transformers ``Cache`` made of one ``LayerCache`` per model layer, created lazily as the
     layers first use it; each (batch row, KV head) keeps its own keys (per-head eviction).
 
-    Pass it as ``past_key_values=`` (transformers >= 5.3 also accepts ``cache=``) to
-    FPAForCausalLM.forward(..., use_cache=True) or to ``model.generate``. After every forward call
+    Pass it as ``cache=`` to FPAForCausalLM.forward(..., use_cache=True) or to ``model.generate``
+    (on transformers 5.2, which has no ``cache=`` yet, ``past_key_values=``: fpa.compat.CACHE_ARG is
+    the installed name). After every forward call
     the model calls ``step_done()``, which applies the policy to every layer (policy=None keeps
     everything). ``get_seq_length()`` is the logical sequence length (tokens seen, padding
     included), not the keys held (``keys_held()``). Without a policy the cache can be cropped
     (assisted and prompt-lookup decoding). A cache remembers the model configuration that filled it
     and refuses a model with another one.
 
-    Storage is paged (fpa.ops.cached.storage): blocks of ``block_size`` keys per (row, KV head), so the
+    Storage is paged (fpa.cache.store.storage): blocks of ``block_size`` keys per (row, KV head), so the
     bytes held follow the keys kept. ``peak_bytes`` is the largest ``bytes_held()`` seen so far,
     measured after each forward call and before the policy runs (the cache's high-water mark).
     """

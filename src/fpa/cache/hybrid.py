@@ -26,6 +26,11 @@ class RuleThenBudget(Policy):
             raise ValueError(
                 f"budget_policy must be a budget policy (SlidingWindow, StreamingLLM, TOVA, H2O), got {budget_policy!r}"
             )
+        if getattr(rule, "within_chunks", False):
+            raise ValueError(
+                f"rule must apply its threshold between calls (within_chunks=False): the cache runs a "
+                f"within-chunks rule inside the attention, which a combined policy cannot; got {rule!r}"
+            )
         self.rule, self.budget_policy = rule, budget_policy
         self.needs_weights = rule.needs_weights or budget_policy.needs_weights
         self.name = f"{rule.name}+{budget_policy.name}"

@@ -1,9 +1,9 @@
 """One layer's decoding state inside ``FPACache``: a transformers cache layer.
 
 ``LayerCache`` is the torch-only decoding state the attention layers call
-(fpa.ops.cached.state.LayerState: ``configure``, ``positions``, ``attend``; its keys live in a
-paged per-head store, fpa.ops.cached.storage, that the attention reads block by block,
-fpa.ops.cached.paged) made a transformers ``CacheLayerMixin`` (one per model layer inside
+(fpa.cache.store.state.LayerState: ``configure``, ``positions``, ``attend``; its keys live in a
+paged per-head store, fpa.cache.store.storage, that the attention reads block by block,
+fpa.cache.store.paged) made a transformers ``CacheLayerMixin`` (one per model layer inside
 ``FPACache``): sequence length and mask sizes for ``generate``, ``crop`` (assisted and
 prompt-lookup decoding), beam-search reordering. The layers never call ``update``.
 """
@@ -23,15 +23,15 @@ else:
     except ImportError:  # pragma: no cover - core install: fpa.cache works without transformers
         CacheLayerMixin = object
 
-from fpa.ops.cached.state import LayerInfo, LayerState
-from fpa.ops.cached.storage import PAD_BIG
+from fpa.cache.store.state import LayerInfo, LayerState
+from fpa.cache.store.storage import PAD_BIG
 from fpa.ops.field import past_min_from_field
 
 __all__ = ["LayerCache", "LayerInfo"]
 
 
 class LayerCache(LayerState, CacheLayerMixin):
-    """Decoding state of one attention layer (fpa.ops.cached.state.LayerState) as a transformers
+    """Decoding state of one attention layer (fpa.cache.store.state.LayerState) as a transformers
     cache layer.
 
     ``length`` is the logical sequence length transformers reads with ``get_seq_length`` (tokens

@@ -2,7 +2,7 @@
 
 A policy is applied by FPACache after every forward call (a prefill chunk or a decode step),
 layer by layer: ``keep_mask(layer)`` returns (N, P) bool in the paged store's pool layout
-(fpa.ops.cached.storage), True for the slots to keep. The threshold rules work on the pool directly;
+(fpa.cache.store.storage), True for the slots to keep. The threshold rules work on the pool directly;
 the budget policies rank a padded (B, Hkv, C) copy of their scalar score (``score(layer)``, in the
 order of ``layer.store[...]``) and map the kept slots back with ``store.from_dense``.
 
@@ -19,19 +19,17 @@ was applied to; use one policy per cache. The counts stay on the device until it
 
 Host syncs: computing a keep mask reads no device value (every size comes from the store's host
 copies of its fills); the store then reclaims the evicted slots once every ``block_size`` tokens
-(fpa.ops.cached.storage), which reads a few values then.
+(fpa.cache.store.storage), which reads a few values then.
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 from torch import Tensor
 
 from fpa.cache.layer import LayerCache
-from fpa.ops.cached.storage import PagedStore
-from fpa.ops.checks import positive_int
+from fpa.cache.store.storage import PagedStore
+from fpa.checks import check_number, non_negative_int, positive_int
 
 
 class Policy:
@@ -66,9 +64,7 @@ class Policy:
 
 
 def _check_threshold(threshold: object) -> float:
-    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or math.isnan(threshold) or threshold < 0:
-        raise ValueError(f"threshold must be a number >= 0 (math.inf keeps everything), got {threshold!r}")
-    return float(threshold)
+    return check_number("threshold", threshold, low=0, what="math.inf keeps everything", finite=False)
 
 
 def penalties(layer: LayerCache) -> Tensor:
@@ -174,9 +170,11 @@ def _check_budget(budget: object) -> int:
 
 
 def _check_part(name: str, value: object, budget: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= budget:
-        raise ValueError(f"{name} must be an int in [0, budget={budget}], got {value!r}")
-    return value
+    what = f"at most budget={budget}"
+    n = non_negative_int(name, value, what)
+    if n > budget:
+        raise ValueError(f"{name} must be a non-negative int ({what}), got {value!r}")
+    return n
 
 
 def pinned(score: Tensor, always: Tensor) -> Tensor:

@@ -10,20 +10,21 @@ import torch
 from torch import Tensor
 
 from fpa.cache.cache import FPACache
-from fpa.compat import output_cache
-from fpa.ops.checks import positive_int
+from fpa.checks import positive_int
+from fpa.compat import CACHE_ARG, output_cache
 
 
 @torch.no_grad()
 def run_chunks(model: Any, input_ids: Tensor, cache: Any, chunk_size: int | None) -> tuple[Tensor, Any]:
     """Feed ``input_ids`` (B, T >= 1) through ``model`` in chunks of ``chunk_size`` tokens (all at
-    once if None), each call ``model(input_ids=chunk, past_key_values=cache, use_cache=True)``.
+    once if None), each call ``model(input_ids=chunk, cache=cache, use_cache=True)`` (the cache
+    argument under its installed name, fpa.compat.CACHE_ARG).
     ``cache``: None lets the model make one. Returns (the logits of the last position (B, vocab),
     the cache the last output carries). Callers validate their arguments."""
     step = input_ids.shape[1] if chunk_size is None else chunk_size
     out = None
     for a in range(0, input_ids.shape[1], step):
-        out = model(input_ids=input_ids[:, a : a + step], past_key_values=cache, use_cache=True)
+        out = model(input_ids=input_ids[:, a : a + step], **{CACHE_ARG: cache}, use_cache=True)
         cache = output_cache(out)
     assert out is not None  # T >= 1: at least one chunk
     return out.logits[:, -1], cache
@@ -59,8 +60,6 @@ def generate(
     it ``model.generate`` feeds the whole prompt in one call and the policy runs once, after it.
     Returns the sequences (B, T + max_new_tokens), as ``model.generate`` does.
     """
-    from fpa.compat import CACHE_ARG
-
     if not isinstance(cache, FPACache):
         raise ValueError(f"cache must be an FPACache, got {type(cache).__name__}")
     if input_ids.dim() != 2 or input_ids.shape[1] < 1:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fpa.checks import check_number, non_negative_int, positive_int
 from fpa.data.atomic import atomic_write_text
 from fpa.data.shards import META, ShardWriter, dtype_for_vocab
 from fpa.data.sources import Document, iter_documents
@@ -62,12 +63,10 @@ def _check_args(tokenizer: str, vocab_size, val_fraction, max_bytes, seed) -> No
         raise ValueError(f"tokenizer must be one of {TOKENIZER_KINDS}, got {tokenizer!r}")
     if tokenizer == "byte" and vocab_size not in (None, ByteTokenizer.vocab_size):
         raise ValueError(f"vocab_size must be None for the byte tokenizer (it is fixed at 257), got {vocab_size!r}")
-    if not isinstance(val_fraction, (int, float)) or not 0 <= val_fraction < 1:
-        raise ValueError(f"val_fraction must be a number in [0, 1), got {val_fraction!r}")
-    if max_bytes is not None and (isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes <= 0):
-        raise ValueError(f"max_bytes must be None or a positive int, got {max_bytes!r}")
-    if not isinstance(seed, int) or isinstance(seed, bool):
-        raise ValueError(f"seed must be an int, got {seed!r}")
+    check_number("val_fraction", val_fraction, low=0, high=1, high_open=True)
+    if max_bytes is not None:
+        positive_int("max_bytes", max_bytes, "or None")
+    non_negative_int("seed", seed)
 
 
 def prepare_corpus(

@@ -15,6 +15,7 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
+from fpa.checks import positive_int
 from fpa.data.atomic import atomic_write_text
 
 TOKENIZER_META = "fpa_tokenizer.json"
@@ -85,8 +86,8 @@ class BPETokenizer:
         """Train on an iterator of documents. vocab_size must exceed the 256 byte symbols + eos."""
         from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-        if not isinstance(vocab_size, int) or vocab_size <= 257:
-            raise ValueError(f"vocab_size must be an int > 257 for BPE, got {vocab_size!r}")
+        if positive_int("vocab_size", vocab_size, "above 257 for BPE") <= 257:
+            raise ValueError(f"vocab_size must be a positive int (above 257 for BPE), got {vocab_size!r}")
         tok = Tokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()

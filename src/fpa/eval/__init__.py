@@ -1,4 +1,4 @@
-"""Evaluations of a trained model (the end-to-end reproduction that runs them is fpa.experiments.reproduce).
+"""Evaluations of a trained model (the end-to-end reproduction that runs them is fpa.experiments.lm.reproduce).
 
 - ``loss``: per-position loss on held-out data up to several times the training length.
 - ``passkey``: passkey retrieval grids (length x depth), full cache or an evicting KV cache.

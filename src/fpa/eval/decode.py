@@ -6,7 +6,7 @@ import torch
 from torch import Tensor
 
 from fpa.cache.prefill import run_chunks
-from fpa.ops.checks import positive_int
+from fpa.checks import positive_int
 
 
 @torch.no_grad()
@@ -15,8 +15,9 @@ def greedy_decode(
 ) -> tuple[Tensor, object]:
     """Greedy continuation of ``input_ids`` (B, T) -> (new ids (B, max_new_tokens), final cache).
 
-    ``model(input_ids=..., past_key_values=cache, use_cache=True)`` must return ``.logits``
-    (B, t, V) and the cache (``.cache`` or ``.past_key_values``). The prompt is fed in chunks of
+    ``model(input_ids=..., cache=cache, use_cache=True)`` (``past_key_values=`` on transformers
+    5.2: fpa.compat.CACHE_ARG) must return ``.logits`` (B, t, V) and the cache under the same name
+    (fpa.compat.output_cache). The prompt is fed in chunks of
     ``chunk_size`` tokens (all at once if None) by ``fpa.cache.prefill.run_chunks``, so an evicting
     cache applies its policy after every chunk, as it would while streaming a long prompt; each new
     token is then one forward call.

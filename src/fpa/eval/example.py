@@ -30,10 +30,7 @@ def fpa_head_maps(attn, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, to
     attention weights of the last query over every key (H, T)."""
     field, level = attn.field_level(x)
     field, level = field[0], level[0]
-    q = attn._heads(attn.q_proj(x), attn.num_heads)
-    k = attn._heads(attn.k_proj(x), attn.num_kv_heads)
-    if attn.q_norm is not None:
-        q, k = attn.q_norm(q), attn.k_norm(k)
+    q, k, _ = attn.project(x)
     k = k.repeat_interleave(attn.num_heads // attn.num_kv_heads, 1)
     last = q[0, :, -1].float()  # (H, D)
     s = torch.einsum("hd,htd->ht", last, k[0].float()) / math.sqrt(q.shape[-1])

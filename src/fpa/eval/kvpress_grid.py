@@ -18,8 +18,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fpa.checks import check_number, positive_int
+from fpa.compat import CACHE_ARG
 from fpa.eval.passkey import cell_prompts
-from fpa.ops.checks import positive_int
 from fpa.tasks.passkey import is_correct, max_answer_tokens
 
 PRESSES = ("knorm", "snapkv", "streaming_llm", "expected_attention", "tova")
@@ -40,8 +41,6 @@ def _kvpress():
             f"pip install -e '.[kvpress]' (kvpress pins transformers<5.3; installed transformers "
             f"{transformers.__version__})"
         ) from e
-    from fpa.models.modeling_fpa import CACHE_ARG
-
     if CACHE_ARG != "past_key_values":
         import transformers
 
@@ -57,8 +56,7 @@ def _kvpress():
 def make_press(name: str, compression_ratio: float):
     """A kvpress press from its short name (one of PRESSES) at ``compression_ratio`` (fraction of
     keys removed, in [0, 1))."""
-    if not isinstance(compression_ratio, (int, float)) or not 0 <= compression_ratio < 1:
-        raise ValueError(f"compression_ratio must be a number in [0, 1), got {compression_ratio!r}")
+    check_number("compression_ratio", compression_ratio, low=0, high=1, high_open=True)
     kv = _kvpress()
     classes = {
         "knorm": "KnormPress",
@@ -80,15 +78,15 @@ def _decode(llama, ids: torch.Tensor, press, n_new: int) -> tuple[list[int], flo
     T = ids.shape[1]
     cache = DynamicCache()
     if press is None:
-        llama(ids[:, :-1], past_key_values=cache, use_cache=True)
+        llama(ids[:, :-1], **{CACHE_ARG: cache}, use_cache=True)
     else:
         with press(llama):
-            llama(ids[:, :-1], past_key_values=cache, use_cache=True)
+            llama(ids[:, :-1], **{CACHE_ARG: cache}, use_cache=True)
     kept = cache.get_seq_length() / (T - 1)
     tok, new = ids[:, -1:], []
     for i in range(n_new):
         pos = torch.tensor([[T - 1 + i]], device=ids.device)
-        out = llama(tok, past_key_values=cache, position_ids=pos, cache_position=pos[0], use_cache=True)
+        out = llama(tok, **{CACHE_ARG: cache}, position_ids=pos, cache_position=pos[0], use_cache=True)
         tok = out.logits[:, -1:].argmax(-1)
         new.append(int(tok))
     return new, kept

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from fpa.ops.checks import positive_int
+from fpa.checks import positive_int
 
 
 @torch.no_grad()

@@ -14,8 +14,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from fpa.checks import positive_int
 from fpa.eval.decode import greedy_decode
-from fpa.ops.checks import positive_int
 from fpa.tasks.passkey import is_correct, make_prompt, max_answer_tokens
 
 

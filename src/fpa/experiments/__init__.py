@@ -1,9 +1,13 @@
 """The experiment harness: everything that runs experiments rather than being a library feature.
 
-- ``reproduce``, ``presets``, ``stages``, ``pool``, ``aggregate``, ``analysis``, ``report``,
-  ``plots``: ``fpa reproduce`` (train every method on every seed, evaluate, report) and its
-  tuning stage.
-- ``capacity``, ``diagnostic``, ``synth_cli``, ``synth_report``: ``fpa synth``, the synthetic
-  nested-structure experiments (the task generators live in ``fpa.tasks``).
-- ``agent_trace``: the paged-cache agent-trace benchmark's model and trace.
+One subpackage per pipeline, and the infrastructure they share at this level:
+
+- ``lm``: ``fpa reproduce``, the language-model reproduction (presets, training and evaluation
+  stages, tuning, the paired analysis, the report).
+- ``synthetic``: ``fpa synth``, one-layer heads on the nested-structure tasks (the task
+  generators live in ``fpa.tasks``, the packed heads in ``fpa.models.packed``).
+- ``agent``: agent-like sessions and traces decoded with the evicting cache.
+- ``stages`` (resumable stages: atomic JSON outputs and a state file), ``pool`` (run stages in
+  worker processes), ``provenance`` (the commit and command behind a result): shared by the
+  pipelines.
 """

@@ -15,8 +15,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from multiprocessing import get_context
 
+from fpa.checks import positive_int
 from fpa.experiments.stages import Stages, read_json
-from fpa.ops.checks import positive_int
 
 Task = tuple[str, Callable[..., dict], tuple]
 

@@ -12,6 +12,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fpa.cache.store.paged import alibi_past_bias
+from fpa.cache.store.state import LayerInfo, LayerState
+from fpa.cache.store.weights import attention_weights, causal_block_mask
 from fpa.layers.base import AttentionBase, RMSNorm, SwiGLU
 from fpa.layers.first_passage import FirstPassageAttention
 from fpa.layers.fpa_form import (
@@ -24,9 +27,6 @@ from fpa.layers.fpa_form import (
 )
 from fpa.layers.options import FPAOptions
 from fpa.ops import first_passage_attention, forgetting_attention
-from fpa.ops.cached.paged import alibi_past_bias
-from fpa.ops.cached.state import LayerInfo, LayerState
-from fpa.ops.cached.weights import attention_weights, causal_block_mask
 
 __all__ = [
     "ATTENTION_TYPES",
@@ -85,8 +85,13 @@ class ForgettingAttention(AttentionBase):
         FirstPassageAttention.set_training_eviction does for FPA's rule). None turns it off."""
         self.training_eviction_threshold = check_training_threshold(threshold)
 
+    def log_forget(self, x: Tensor) -> Tensor:
+        """log f (B, H, T) float32, the log forget gates of hidden states x (B, T, hidden): what
+        the attention sums, -sum_{j<u<=i} log f_u being key j's decay at query i."""
+        return F.logsigmoid(self._per_head(self.fgate_proj, x))
+
     def _attend(self, q, k, v, x, state, offset, mask=None, pos=None, need_weights=False):
-        log_f = F.logsigmoid(self._per_head(self.fgate_proj, x))
+        log_f = self.log_forget(x)
         if mask is not None:
             log_f = log_f.masked_fill(~mask[:, None, :], 0.0)  # padding adds no decay
         if state is None and self.training_eviction_threshold is not None:
@@ -164,7 +169,7 @@ class SoftmaxAttention(AttentionBase):
         if position not in ("rope", "alibi", "nope"):
             raise ValueError(f"position must be rope, alibi or nope, got {position!r}")
         self.position, self.rope_theta = position, rope_theta
-        # One slope for every head instead of the standard geometric sequence (fpa.tasks.packed
+        # One slope for every head instead of the standard geometric sequence (fpa.models.packed
         # packs independent one-head models as heads). Not a buffer: a non-persistent buffer is not
         # restored by from_pretrained (transformers builds the model on the meta device).
         self.alibi_slope_override: float | None = None

@@ -1,7 +1,7 @@
 """The shared pieces of the attention family: RMSNorm, SwiGLU and the projection base class.
 
 Every attention module takes hidden states (B, T, hidden) and an optional per-layer cache state
-(a fpa.ops.cached.LayerState, e.g. an fpa.cache.LayerCache, filled in place) and returns
+(a fpa.cache.store.LayerState, e.g. an fpa.cache.LayerCache, filled in place) and returns
 (B, T, hidden). With a state, the T new tokens are
 appended after the cached ones (incremental decoding or chunked prefill).
 """
@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fpa.ops.cached.state import LayerInfo, LayerState
+from fpa.cache.store.state import LayerInfo, LayerState
 
 
 class RMSNorm(nn.Module):
@@ -61,7 +61,7 @@ class AttentionBase(nn.Module):
     q (B, Hq, T, D), k, v (B, Hkv, T, D) for the new tokens only; ``offset`` is the number of tokens
     seen before; mask (B, T) bool (False = padding) or None; pos (B, T) positions or None; they
     return (output (B, Hq, T, D), weights (B, Hq, T, Tk) or None). ``state`` is a
-    fpa.ops.cached.LayerState (an fpa.cache.LayerCache inside an FPACache) or None: the subclass
+    fpa.cache.store.LayerState (an fpa.cache.LayerCache inside an FPACache) or None: the subclass
     attends over the cached keys and appends the new ones (LayerState.attend), which advances its
     length.
     """
@@ -99,6 +99,19 @@ class AttentionBase(nn.Module):
     def _heads(self, x: Tensor, n: int) -> Tensor:
         B, T, _ = x.shape
         return x.view(B, T, n, self.head_dim).transpose(1, 2)
+
+    def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The query, key and value heads of hidden states x (B, T, hidden), as ``forward`` hands
+        them to the attention: q (B, Hq, T, D), k and v (B, Hkv, T, D), in the projections' dtype,
+        with the qk-norm applied if the layer has one. No position encoding: a RoPE layer rotates q
+        and k at the positions it attends at (``fpa.layers.attention.rope``). An FPA layer's field
+        and level come from ``field_level(x)``."""
+        q = self._heads(self.q_proj(x), self.num_heads)
+        k = self._heads(self.k_proj(x), self.num_kv_heads)
+        v = self._heads(self.v_proj(x), self.num_kv_heads)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        return q, k, v
 
     def _per_head(self, lin: nn.Linear, x: Tensor) -> Tensor:
         """Linear head with one scalar per head -> (B, H, T), float32."""
@@ -141,15 +154,11 @@ class AttentionBase(nn.Module):
         """
         if state is not None and not isinstance(state, LayerState):
             raise ValueError(
-                f"state must be a fpa.cache.LayerCache (a fpa.ops.cached.LayerState) or None, "
+                f"state must be a fpa.cache.LayerCache (a fpa.cache.store.LayerState) or None, "
                 f"got {type(state).__name__}"
             )
         B, T, _ = x.shape
-        q = self._heads(self.q_proj(x), self.num_heads)
-        k = self._heads(self.k_proj(x), self.num_kv_heads)
-        v = self._heads(self.v_proj(x), self.num_kv_heads)
-        if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = self.project(x)
         if state is not None and state.info is None:
             state.configure(self.cache_info())
         offset = 0 if state is None else state.length

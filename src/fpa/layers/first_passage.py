@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fpa.cache.store.state import LayerInfo, LayerState
 from fpa.layers.base import AttentionBase
 from fpa.layers.fpa_form import (
     check_training_threshold,
@@ -22,7 +23,6 @@ from fpa.layers.fpa_form import (
 )
 from fpa.layers.options import FPAOptions
 from fpa.ops import first_passage_attention
-from fpa.ops.cached.state import LayerInfo, LayerState
 
 
 class FirstPassageAttention(AttentionBase):
@@ -159,7 +159,7 @@ class FirstPassageAttention(AttentionBase):
     ) -> tuple[Tensor, Tensor]:
         """(field, level) (B, H, T) float32 for new tokens x (B, T, hidden); in walk mode continues
         the cached walk, and level = field + the level offset. The cache stores each key's level as
-        computed here (LayerState.append, fpa.ops.cached.state), so decoding and eviction use the same levels.
+        computed here (LayerState.append, fpa.cache.store.state), so decoding and eviction use the same levels.
         mask (B, T) bool: padding positions take no walk step and get field = level = +PAD_BIG
         (never a minimum, never a live key)."""
         if self.mode == "free":

@@ -7,11 +7,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from fpa.ops.cached.paged import fpa_past_bias
-from fpa.ops.cached.state import LayerState
-from fpa.ops.cached.storage import PAD_BIG
-from fpa.ops.cached.weights import attention_weights, fpa_bias
-from fpa.ops.checks import check_number
+from fpa.cache.store.paged import fpa_past_bias
+from fpa.cache.store.state import LayerState
+from fpa.cache.store.storage import PAD_BIG
+from fpa.cache.store.weights import attention_weights, fpa_bias
+from fpa.checks import check_number
 from fpa.ops.field import range_min
 from fpa.ops.fpa.evicting import evicting_fpa
 from fpa.ops.softmax import causal_softmax_attention
@@ -102,7 +102,7 @@ def fpa_cached(q, k, v, field, level, beta, state: LayerState, backend="auto", m
     ``state.chunk_policy`` (a threshold rule with within_chunks=True) a key the rule evicts after
     query i - 1 of this call is hidden from query i on, cached and new keys alike.
     q (B, Hq, T, D), k, v (B, Hkv, T, D), field/level (B, Hq, T) -> ((B, Hq, T, D), weights or None).
-    ``backend`` is unused: the cache is read block by block by fpa.ops.cached.paged. ValueError if
+    ``backend`` is unused: the cache is read block by block by fpa.cache.store.paged. ValueError if
     ``state`` was not configured (``LayerState.configure``, done by the layer's first call)."""
     if state.store is None or state.info is None:
         raise ValueError("state must be configured (LayerState.configure) before fpa_cached attends over it")

@@ -11,10 +11,10 @@ object", says why, and which task sets another.
 
 from __future__ import annotations
 
-import difflib
-import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
+
+from fpa.checks import check_known_keys, check_number, closest_name
 
 FPA_MODES = ("walk", "free")
 LEVEL_OFFSETS = ("none", "head", "token")
@@ -79,8 +79,8 @@ class FPAOptions:
                 )
                 raise ValueError(f"FPAOptions.{name} must be one of {choices}, got {val!r}{hint}")
         for name in ("level_offset_init", "level_offset_bias_init", "walk_bias_init", "beta_init", "field_init_std"):
-            _check_real(name, getattr(self, name), lo=0.0 if name == "field_init_std" else None)
-        _check_real("field_lr_multiplier", self.field_lr_multiplier, lo=0.0, lo_open=True, hi=1e3)
+            check_number(f"FPAOptions.{name}", getattr(self, name), low=0.0 if name == "field_init_std" else None)
+        check_number("FPAOptions.field_lr_multiplier", self.field_lr_multiplier, low=0.0, high=1e3, low_open=True)
         if self.level_offset != "none" and self.mode != "walk":
             raise ValueError(
                 f"FPAOptions.level_offset={self.level_offset!r} needs mode='walk' (it offsets the walk's "
@@ -121,30 +121,13 @@ OPTION_NAMES = tuple(f.name for f in fields(FPAOptions))
 def check_option_keys(keys, what: str = "FPA options") -> None:
     """ValueError naming every key of ``keys`` that is not an FPAOptions field, with a did-you-mean
     (a flat ``fpa_level_offset`` points to ``{"fpa": {"level_offset": ...}}``'s ``level_offset``)."""
-    unknown = sorted(str(k) for k in set(keys) - set(OPTION_NAMES))
-    if not unknown:
-        return
-    hints = []
-    for k in unknown:
-        base = k[len("fpa_") :] if k.startswith("fpa_") else k
-        m = [base] if base in OPTION_NAMES else difflib.get_close_matches(base, OPTION_NAMES, 1, 0.6)
-        if m:
-            hints.append(f"{k!r} (did you mean {m[0]!r}?)")
-    raise ValueError(
-        f"unknown keys in {what}: {unknown}"
-        + (f"; {', '.join(hints)}" if hints else "")
-        + f"; valid: {list(OPTION_NAMES)}"
-    )
+    check_known_keys(keys, OPTION_NAMES, what, hint=_hint)
 
 
-def _check_real(
-    name: str, val: object, lo: float | None = None, lo_open: bool = False, hi: float | None = None
-) -> None:
-    if isinstance(val, bool) or not isinstance(val, (int, float)) or not math.isfinite(val):
-        raise ValueError(f"FPAOptions.{name} must be a finite number, got {val!r}")
-    if lo is not None and (val < lo or (lo_open and val == lo)) or hi is not None and val > hi:
-        rng = f"{'(' if lo_open else '['}{lo:g}, {hi:g}]" if hi is not None else f">= {lo:g}"
-        raise ValueError(f"FPAOptions.{name} must be a number {'in ' if hi is not None else ''}{rng}, got {val!r}")
+def _hint(key: str) -> str | None:
+    base = key[len("fpa_") :] if key.startswith("fpa_") else key
+    m = base if base in OPTION_NAMES else closest_name(base, OPTION_NAMES)
+    return None if m is None else repr(m)
 
 
 __all__ = [

@@ -4,12 +4,12 @@ options are one nested ``FPAOptions`` (``config.fpa``, a dict under "fpa" in con
 from __future__ import annotations
 
 import difflib
-import math
 from collections.abc import Iterable
 from typing import Any
 
 from transformers import PretrainedConfig
 
+from fpa.checks import check_known_keys, check_number, closest_name, non_negative_int, positive_int
 from fpa.layers.attention import ATTENTION_TYPES
 from fpa.layers.options import OPTION_NAMES, FPAOptions
 
@@ -85,14 +85,13 @@ def check_field(name: str, val: object) -> None:
     kind, rule = FIELDS[name]
     got = f"{val!r} ({type(val).__name__})"
     if kind == "int":
-        if isinstance(val, bool) or not isinstance(val, int) or val <= 0:
-            raise ValueError(f"FPAConfig {name} must be a positive integer, got {got}")
+        positive_int(f"FPAConfig {name}", val)
     elif kind == "bool":
         if not isinstance(val, bool):
             raise ValueError(f"FPAConfig {name} must be true or false (a bool), got {got}")
     elif kind == "token":
-        if val is not None and (isinstance(val, bool) or not isinstance(val, int) or val < 0):
-            raise ValueError(f"FPAConfig {name} must be None or a token id (an int >= 0), got {got}")
+        if val is not None:
+            non_negative_int(f"FPAConfig {name}", val, "a token id, or None")
     elif kind == "fpa":
         FPAOptions.from_dict(val, "FPAConfig fpa")  # type: ignore[arg-type]
     elif kind == "choice":
@@ -102,10 +101,7 @@ def check_field(name: str, val: object) -> None:
         ):
             raise ValueError(f"FPAConfig {name} must be one of {tuple(rule)}, got {got}")
     else:
-        if isinstance(val, bool) or not isinstance(val, (int, float)) or not math.isfinite(val):
-            raise ValueError(f"FPAConfig {name} must be a finite number, got {got}")
-        if (rule == ">0" and val <= 0) or (rule == ">=0" and val < 0):
-            raise ValueError(f"FPAConfig {name} must be {rule[:-1]} 0, got {got}")
+        check_number(f"FPAConfig {name}", val, low=None if rule == "any" else 0, low_open=rule == ">0")
 
 
 def _hint(key: str) -> str | None:
@@ -114,20 +110,13 @@ def _hint(key: str) -> str | None:
     opt = key[len("fpa_") :] if key.startswith("fpa_") else key
     if opt in OPTION_NAMES:
         return f'{{"fpa": {{"{opt}": ...}}}}'
-    m = difflib.get_close_matches(key, FIELDS, 1)
-    return repr(m[0]) if m else None
+    m = closest_name(key, FIELDS)
+    return None if m is None else repr(m)
 
 
 def check_keys(keys: Iterable[str], what: str = "model overrides") -> None:
     """Raise ValueError naming every key that is not an FPAConfig field, and the valid ones."""
-    unknown = sorted(set(keys) - set(FIELDS))
-    if unknown:
-        hints = [f"{k!r} (did you mean {h}?)" for k in unknown if (h := _hint(k))]
-        raise ValueError(
-            f"unknown FPAConfig keys in {what}: {unknown}"
-            + (f"; {', '.join(hints)}" if hints else "")
-            + f"; valid keys: {sorted(FIELDS)}"
-        )
+    check_known_keys(keys, sorted(FIELDS), f"FPAConfig {what}", hint=_hint)
 
 
 class FPAConfig(PretrainedConfig):
@@ -198,7 +187,7 @@ class FPAConfig(PretrainedConfig):
             and (k.startswith("fpa_") or k in OPTION_NAMES or difflib.get_close_matches(k, FIELDS, 1, 0.8))
         ]
         if typos:
-            check_keys(typos, "FPAConfig arguments")
+            check_keys(typos, "arguments")
         if hidden_size % num_attention_heads:
             raise ValueError(
                 f"hidden_size ({hidden_size}) must be divisible by num_attention_heads ({num_attention_heads})"

@@ -21,7 +21,7 @@ from fpa.compat import CACHE_ARG, output_cache
 from fpa.layers.attention import RMSNorm, TransformerBlock
 from fpa.models.configuration_fpa import FPAConfig
 
-__all__ = ["CACHE_ARG", "FPAForCausalLM", "FPAModel", "cache_signature", "output_cache"]
+__all__ = ["FPAForCausalLM", "FPAModel", "cache_signature"]
 
 # What a cache remembers of the model that filled it (FPACache.bind).
 _SIGNATURE_FIELDS = (
@@ -338,7 +338,7 @@ class FPAForCausalLM(FPAPreTrainedModel, GenerationMixin):
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=cache,
+            cache=cache,
             use_cache=use_cache,
             inputs_embeds=inputs_embeds,
             output_attentions=output_attentions,

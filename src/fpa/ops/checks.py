@@ -1,6 +1,6 @@
-"""Argument validation shared by every attention op, and the number checks (``positive_int``,
-``non_negative_int``, ``check_number``) that every package uses for its settings: ints reject
-bools, numbers reject bools, nan and inf.
+"""Argument validation shared by every attention op: tensor dtypes, shapes, devices and values,
+the softmax scale and beta. (The number checks of settings, ``positive_int`` and the others, are
+in fpa.checks.)
 
 Every public op validates its inputs here, so that a bad call fails with a
 message naming the argument and what was expected, before any backend runs.
@@ -14,73 +14,6 @@ import torch
 from torch import Tensor
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-
-
-def positive_int(name: str, value: object, what: str = "") -> int:
-    """``value`` if it is a positive int (not a bool).
-
-    Args:
-        name: The argument's name, for the message.
-        value: What the caller passed.
-        what: An optional note on the argument's meaning, e.g. "keys kept per head".
-
-    Raises:
-        ValueError: ``value`` is not a positive int.
-    """
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int{f' ({what})' if what else ''}, got {value!r}")
-    return value
-
-
-def non_negative_int(name: str, value: object, what: str = "") -> int:
-    """``value`` if it is an int >= 0 (not a bool); the message names ``name`` (and ``what``).
-
-    Raises:
-        ValueError: ``value`` is not a non-negative int.
-    """
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{name} must be a non-negative int{f' ({what})' if what else ''}, got {value!r}")
-    return value
-
-
-def check_number(
-    name: str,
-    value: object,
-    low: float | None = None,
-    high: float | None = None,
-    low_open: bool = False,
-    what: str = "",
-) -> float:
-    """``value`` as a float if it is a finite real number (an int or float, not a bool, not nan or
-    inf) in the range: ``low <= value`` (``low < value`` with ``low_open``), ``value <= high``.
-
-    Args:
-        name: The argument's name, for the message.
-        value: What the caller passed.
-        low: Lower bound (None: none).
-        high: Upper bound, inclusive (None: none).
-        low_open: Whether ``low`` itself is excluded.
-        what: An optional note on the argument's meaning.
-
-    Raises:
-        ValueError: ``value`` is not such a number.
-    """
-    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
-    if ok and low is not None:
-        ok = value > low if low_open else value >= low  # type: ignore[operator]
-    if ok and high is not None:
-        ok = value <= high  # type: ignore[operator]
-    if not ok:
-        if low is not None and high is not None:
-            where = f" in {'(' if low_open else '['}{low:g}, {high:g}]"
-        elif low is not None:
-            where = f" {'>' if low_open else '>='} {low:g}"
-        elif high is not None:
-            where = f" <= {high:g}"
-        else:
-            where = ""
-        raise ValueError(f"{name} must be a finite number{where}{f' ({what})' if what else ''}, got {value!r}")
-    return float(value)  # type: ignore[arg-type]
 
 
 def check_float(name: str, x: Tensor) -> None:

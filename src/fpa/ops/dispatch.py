@@ -13,6 +13,7 @@ import logging
 import torch
 from torch import Tensor
 
+from fpa.checks import check_number, positive_int
 from fpa.ops import checks, gpu_verified
 from fpa.ops.field import past_min_from_field
 from fpa.ops.fox.chunked import DEFAULT_CHUNK as FOX_CHUNK
@@ -97,14 +98,13 @@ def explain_backend(
 def _check_chunk(chunk_size: int | None, default: int) -> int:
     if chunk_size is None:
         return default
-    return checks.positive_int("chunk_size", chunk_size, "or None")
+    return positive_int("chunk_size", chunk_size, "or None")
 
 
 def _check_skip_tolerance(tol: float | None) -> None:
     if tol is None:
         return
-    if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not 0 < tol < 1:
-        raise ValueError(f"skip_tolerance must be None or a float in (0, 1), got {tol!r}")
+    check_number("skip_tolerance", tol, low=0, high=1, low_open=True, high_open=True, what="or None")
 
 
 def _empty_output(q: Tensor, v: Tensor, inputs: tuple[Tensor, ...]) -> Tensor:

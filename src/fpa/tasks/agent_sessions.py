@@ -42,7 +42,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from fpa.ops.checks import positive_int
+from fpa.checks import check_number, non_negative_int, positive_int
 
 TOOLS = ("search", "fetch", "read", "run", "ask", "write")
 CALL = "call {tool}({arg})\n"
@@ -115,16 +115,15 @@ class SessionSpec:
                 raise ValueError(f"tools must be lowercase ASCII letters, got {name!r}")
             if name in FILLER_WORDS:
                 raise ValueError(f"tools must not be words of the filler, got {name!r}")
-        if self.open_at_end is not None and (
-            isinstance(self.open_at_end, bool)
-            or not isinstance(self.open_at_end, int)
-            or not 1 <= self.open_at_end <= self.depth
-        ):
-            raise ValueError(f"open_at_end must be None or an int in [1, depth={self.depth}], got {self.open_at_end!r}")
-        if isinstance(self.retire, bool) or not isinstance(self.retire, (int, float)) or not 0 < self.retire < 1:
-            raise ValueError(f"retire must be a float in (0, 1), got {self.retire!r}")
-        if not isinstance(self.seeds, tuple) or not all(isinstance(s, int) and s >= 0 for s in self.seeds):
+        if self.open_at_end is not None:
+            what = f"at most depth={self.depth}, or None"
+            if positive_int("open_at_end", self.open_at_end, what) > self.depth:
+                raise ValueError(f"open_at_end must be a positive int ({what}), got {self.open_at_end!r}")
+        check_number("retire", self.retire, low=0, high=1, low_open=True, high_open=True)
+        if not isinstance(self.seeds, tuple):
             raise ValueError(f"seeds must be a tuple of ints >= 0, got {self.seeds!r}")
+        for i, s in enumerate(self.seeds):
+            non_negative_int(f"seeds[{i}]", s)
         if self.length < min_length(self):
             raise ValueError(
                 f"length must be >= {min_length(self)} bytes for depth={self.depth}, retire={self.retire} "
@@ -379,8 +378,7 @@ def _max_tail_bytes(spec: SessionSpec) -> int:
 def training_sample_with_answer(rng: np.random.Generator, seq_len: int, tokenizer) -> tuple[np.ndarray, int]:
     """(ids, n): ``session_training_sample``'s ids and the answer's length in bytes; the answer is
     ``ids[-n - 1 : -1]`` (a newline follows it)."""
-    if isinstance(seq_len, bool) or not isinstance(seq_len, (int, np.integer)) or seq_len < 1:
-        raise ValueError(f"seq_len must be a positive int, got {seq_len!r}")
+    seq_len = positive_int("seq_len", seq_len)
     probe = "call ab(cd12)\n"
     if list(tokenizer.encode(probe)) != list(probe.encode("ascii")):
         raise ValueError(f"tokenizer must be the byte tokenizer (sessions are bytes), got {type(tokenizer).__name__}")

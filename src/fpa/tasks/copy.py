@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from fpa.checks import positive_int
 from fpa.tasks.passkey import passkey_training_sample
 
 ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789"
@@ -19,8 +20,8 @@ COPY_SHARE = 1 / 3  # of the mixed sequences, in passkey_or_copy_sample
 
 def random_string(rng: np.random.Generator, min_len: int = 3, max_len: int = 8) -> str:
     """A random string of ``min_len``..``max_len`` (inclusive) characters from ALPHABET."""
-    if not (isinstance(min_len, int) and isinstance(max_len, int) and 1 <= min_len <= max_len):
-        raise ValueError(f"min_len and max_len must be ints with 1 <= min_len <= max_len, got {min_len!r}, {max_len!r}")
+    if positive_int("min_len", min_len) > positive_int("max_len", max_len):
+        raise ValueError(f"min_len must be <= max_len, got min_len={min_len!r}, max_len={max_len!r}")
     n = int(rng.integers(min_len, max_len + 1))
     return "".join(ALPHABET[i] for i in rng.integers(0, len(ALPHABET), size=n))
 
@@ -28,8 +29,7 @@ def random_string(rng: np.random.Generator, min_len: int = 3, max_len: int = 8) 
 def copy_training_sample(rng: np.random.Generator, seq_len: int, tokenizer) -> np.ndarray:
     """(seq_len + 1,) int64 ids: copy lines "S is S. " with fresh random strings, cut to length
     (TASK_MIXERS["copy"]). The first line starts at the first token; the last one may be cut."""
-    if isinstance(seq_len, bool) or not isinstance(seq_len, (int, np.integer)) or seq_len < 1:
-        raise ValueError(f"seq_len must be a positive int, got {seq_len!r}")
+    seq_len = positive_int("seq_len", seq_len)
     parts, n = [], 0
     while n < seq_len + 1:
         ids = np.asarray(list(tokenizer.encode(COPY_LINE.format(s=random_string(rng)))), dtype=np.int64)

@@ -38,6 +38,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fpa.checks import positive_int
+
 PUSH, POP, OTHER = 1, -1, 0
 
 
@@ -118,8 +120,7 @@ class Task:
         Raises:
             ValueError: If ``m`` < 1.
         """
-        if m < 1:
-            raise ValueError(f"m must be >= 1, got {m}")
+        positive_int("m", m, "targets at the query")
         steps = self.length(m, length_factor) - 1
         ops = sample_walk(rng, n, steps, m, self.other_weight)
         return self.render(rng, ops, m)

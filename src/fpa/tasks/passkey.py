@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fpa.ops.checks import positive_int
+from fpa.checks import positive_int
 
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 NEEDLE = "The pass key is {key}. Remember it. {key} is the pass key. "
@@ -128,8 +128,7 @@ def passkey_training_sample(rng: np.random.Generator, seq_len: int, tokenizer) -
 
     Only the training length is ever used here: evaluation lengths never appear in training.
     """
-    if not isinstance(seq_len, (int, np.integer)) or seq_len < 1:
-        raise ValueError(f"seq_len must be a positive int, got {seq_len!r}")
+    seq_len = positive_int("seq_len", seq_len)
     key = random_key(rng)
     tail = _encode(tokenizer, ANSWER.format(key=key) + ".")
     prompt = make_prompt(tokenizer, int(seq_len) + 1 - len(tail), float(rng.random()), rng, key=key)

@@ -1,15 +1,16 @@
 """Attention probabilities of an attention layer, from its own projections and its op's definition.
 
 ``attention_probs(layer, x)`` rebuilds the causal softmax weights the layer's forward uses, for
-every layer type of ``fpa.layers.make_attention``: the FPA penalty ``beta * dip`` (fpa.ops.dip),
-FoX's bias ``sum log f``, RoPE-rotated queries and keys, ALiBi's linear bias. Tests check that
-``probs @ v`` through ``o_proj`` reproduces ``layer(x)``, so this cannot drift from the layer.
+every layer type of ``fpa.layers.make_attention``, from what the layer itself computes:
+``layer.project(x)`` (q, k, v as its forward hands them to the op), FPA's ``field_level(x)`` with
+the penalty ``beta * dip`` (fpa.ops.dip), FoX's ``log_forget(x)`` (bias ``sum log f``), RoPE
+(``fpa.layers.attention.rope``) and ALiBi's slopes. Tests check that ``probs @ v`` through
+``o_proj`` reproduces ``layer(x)``, so this cannot drift from the layer.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from fpa.layers.attention import AttentionBase, FirstPassageAttention, ForgettingAttention, SoftmaxAttention, rope
@@ -29,7 +30,7 @@ def _bias(layer: AttentionBase, x: Tensor, T: int, last_only: bool) -> Tensor:
             pen = dip(field, level)
         return -layer.beta.float()[None, :, None, None] * pen
     if isinstance(layer, ForgettingAttention):
-        c = torch.cumsum(F.logsigmoid(layer._per_head(layer.fgate_proj, x)), -1)
+        c = torch.cumsum(layer.log_forget(x), -1)
         return c[..., -1 if last_only else 0 :, None] - c[..., None, :]
     if isinstance(layer, SoftmaxAttention):
         rel = (torch.arange(T - 1 if last_only else 0, T)[:, None] - torch.arange(T)[None, :]).clamp(min=0).float()
@@ -43,11 +44,7 @@ def qkv(layer: AttentionBase, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """q, k, v (B, H, T, D) in float32 as the layer's attention op sees them (RoPE applied)."""
     if layer.num_kv_heads != layer.num_heads:
         raise ValueError("attention_probs supports num_kv_heads == num_heads only")
-    q = layer._heads(layer.q_proj(x), layer.num_heads)
-    k = layer._heads(layer.k_proj(x), layer.num_kv_heads)
-    v = layer._heads(layer.v_proj(x), layer.num_kv_heads)
-    if layer.q_norm is not None and layer.k_norm is not None:
-        q, k = layer.q_norm(q), layer.k_norm(k)
+    q, k, v = layer.project(x)
     if isinstance(layer, SoftmaxAttention) and layer.position == "rope":
         pos = torch.arange(x.shape[1])
         q, k = rope(q, pos, layer.rope_theta), rope(k, pos, layer.rope_theta)

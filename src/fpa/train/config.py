@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import difflib
 import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from fpa.ops.checks import check_number, non_negative_int, positive_int
+from fpa.checks import check_known_keys, check_number, closest_name, non_negative_int, positive_int
 
 DEVICES = ("auto", "cpu", "cuda")
 PARALLEL = ("auto", "none", "ddp", "fsdp")
@@ -175,19 +174,13 @@ class TrainConfig:
         Raises:
             ValueError: If ``d`` has a key that is not a TrainConfig field.
         """
-        names = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - names)
-        if unknown:
-            hints = [
-                f"{k!r} (did you mean {m[0]!r}?)"
-                for k in unknown
-                if (m := [RENAMED[k]] if k in RENAMED else difflib.get_close_matches(k, names, 1))
-            ]
-            raise ValueError(
-                f"unknown training config keys {unknown}"
-                + (f"; {', '.join(hints)}" if hints else "")
-                + f"; valid keys: {sorted(names)}"
-            )
+        names = sorted(f.name for f in fields(cls))
+
+        def hint(key: str) -> str | None:
+            m = RENAMED.get(key) or closest_name(key, names)
+            return None if m is None else repr(m)
+
+        check_known_keys(d, names, "the training config", hint=hint)
         return cls(**d)
 
     @classmethod

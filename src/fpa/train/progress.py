@@ -6,6 +6,8 @@ from __future__ import annotations
 import sys
 import time
 
+from fpa.checks import positive_int
+
 
 def console_line(text: str) -> None:
     """Print one line without breaking an active tqdm bar (``tqdm.write``)."""
@@ -27,8 +29,7 @@ class StepProgress:
     ``[name] step S/T loss L tok/s R eta E`` every ``every`` steps and at the last step."""
 
     def __init__(self, name: str, start: int, total: int, every: int, bar: bool = True):
-        if not isinstance(every, int) or isinstance(every, bool) or every < 1:
-            raise ValueError(f"every must be a positive int, got {every!r}")
+        positive_int("every", every)
         self.name, self.start, self.total, self.every = name, start, total, every
         self.t0 = time.perf_counter()
         self._bar = None

@@ -13,8 +13,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from fpa.checks import check_number
 from fpa.layers.attention import FirstPassageAttention
-from fpa.ops.checks import check_number
 from fpa.ops.field import dip
 
 

@@ -217,19 +217,32 @@ def _math_dtype(q: Tensor, field: Tensor) -> torch.dtype:
     return torch.float64 if q.dtype == torch.float64 or field.dtype == torch.float64 else torch.float32
 
 
-def _grouped(
-    q: Tensor, k: Tensor, field: Tensor, past_min: Tensor, level: Tensor, beta: Tensor, dt: torch.dtype
-) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor], Tensor]:
-    """q5 (B, Hkv, G, Tq, D), (field, past_min, level) as (B, Hkv, G, n), beta (1, Hkv, G, 1, 1), in dt."""
+def _prepare(
+    q: Tensor,
+    k: Tensor,
+    field: Tensor,
+    past_min: Tensor,
+    level: Tensor,
+    beta: Tensor,
+    hide: Tensor | None,
+    dt: torch.dtype,
+    want_grad: bool,
+) -> tuple[Tensor, _FPAChunkBias]:
+    """q5 (B, Hkv, G, Tq, D) in dt, and the chunk bias over (field, past_min, level, hide) as
+    (B, Hkv, G, n) and beta as (1, Hkv, G, 1, 1), in dt (hide stays int64)."""
     B, Hq, Tq, D = q.shape
     Hkv = k.shape[1]
     G = Hq // Hkv
     f, pm, lv = (x.to(dt).reshape(B, Hkv, G, x.shape[-1]) for x in (field, past_min, level))
-    return q.to(dt).reshape(B, Hkv, G, Tq, D), (f, pm, lv), beta.to(dt).reshape(1, Hkv, G, 1, 1)
+    h = None if hide is None else hide.reshape(lv.shape)
+    bias = _FPAChunkBias(f, pm, lv, beta.to(dt).reshape(1, Hkv, G, 1, 1), want_grad, hide=h)
+    return q.to(dt).reshape(B, Hkv, G, Tq, D), bias
 
 
 # Custom ops (not an autograd.Function): opaque to torch.compile, so a compiled model runs the
 # same kernels as eager, with no graph break and no recompilation (the shapes are symbolic).
+# ``hide`` (None: nothing hidden, no work) masks (query, key) pairs, e.g. the keys an eviction
+# rule has dropped (fpa.ops.fpa.evicting); it takes no gradient.
 @torch.library.custom_op("fpa::chunked_forward", mutates_args=())
 def _forward_op(
     q: Tensor,
@@ -239,20 +252,20 @@ def _forward_op(
     level: Tensor,
     past_min: Tensor,
     beta: Tensor,
+    hide: Tensor | None,
     scale: float,
     chunk: int,
 ) -> tuple[Tensor, Tensor]:
     """-> out (B, Hq, Tq, Dv) and lse (B, Hq, Tq), both in the math dtype (float32 or float64)."""
     dt = _math_dtype(q, field)
     B, Hq, Tq, _ = q.shape
-    q5, grouped, b5 = _grouped(q, k, field, past_min, level, beta, dt)
-    bias = _FPAChunkBias(*grouped, b5, want_grad=False)
+    q5, bias = _prepare(q, k, field, past_min, level, beta, hide, dt, want_grad=False)
     out, lse = chunked_forward(q5, k.to(dt), v.to(dt), scale, bias, chunk)
     return out.reshape(B, Hq, Tq, -1), lse.reshape(B, Hq, Tq)
 
 
 @_forward_op.register_fake
-def _(q, k, v, field, level, past_min, beta, scale, chunk):
+def _(q, k, v, field, level, past_min, beta, hide, scale, chunk):
     dt = _math_dtype(q, field)
     B, Hq, Tq, _ = q.shape
     return q.new_empty(B, Hq, Tq, v.shape[-1], dtype=dt), q.new_empty(B, Hq, Tq, dtype=dt)
@@ -268,6 +281,7 @@ def _backward_op(
     level: Tensor,
     past_min: Tensor,
     beta: Tensor,
+    hide: Tensor | None,
     out: Tensor,
     lse: Tensor,
     scale: float,
@@ -279,8 +293,7 @@ def _backward_op(
     dt = out.dtype
     B, Hq, Tq, _ = q.shape
     Hkv = k.shape[1]
-    q5, grouped, b5 = _grouped(q, k, field, past_min, level, beta, dt)
-    bias = _FPAChunkBias(*grouped, b5, want_grad=bias_grad)
+    q5, bias = _prepare(q, k, field, past_min, level, beta, hide, dt, want_grad=bias_grad)
     do5 = dout.to(dt).reshape(B, Hkv, Hq // Hkv, Tq, -1)
     out5 = out.reshape(do5.shape)
     lse5 = lse.reshape(do5.shape[:-1])
@@ -298,7 +311,7 @@ def _backward_op(
 
 
 @_backward_op.register_fake
-def _(dout, q, k, v, field, level, past_min, beta, out, lse, scale, chunk, bias_grad):
+def _(dout, q, k, v, field, level, past_min, beta, hide, out, lse, scale, chunk, bias_grad):
     return tuple(
         x.new_empty(x.shape)
         for x in (q, k, v, field, level, past_min, beta)  # contiguous, like the real outputs
@@ -306,17 +319,17 @@ def _(dout, q, k, v, field, level, past_min, beta, out, lse, scale, chunk, bias_
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    q, k, v, field, level, past_min, beta, scale, chunk = inputs
-    ctx.save_for_backward(q, k, v, field, level, past_min, beta, *output)
+    q, k, v, field, level, past_min, beta, hide, scale, chunk = inputs
+    ctx.save_for_backward(q, k, v, field, level, past_min, beta, hide, *output)
     ctx.scale, ctx.chunk = scale, chunk
 
 
 def _backward(ctx, dout: Tensor, dlse: Tensor | None):
-    q, k, v, field, level, past_min, beta, out, lse = ctx.saved_tensors
+    q, k, v, field, level, past_min, beta, hide, out, lse = ctx.saved_tensors
     bias_grad = any(ctx.needs_input_grad[3:7])
-    grads = _backward_op(dout, q, k, v, field, level, past_min, beta, out, lse, ctx.scale, ctx.chunk, bias_grad)
+    grads = _backward_op(dout, q, k, v, field, level, past_min, beta, hide, out, lse, ctx.scale, ctx.chunk, bias_grad)
     grads = [g if need else None for g, need in zip(grads, ctx.needs_input_grad[:7])]
-    return (*grads, None, None)
+    return (*grads, None, None, None)  # hide, scale, chunk
 
 
 _forward_op.register_autograd(_backward, setup_context=_setup_context)
@@ -332,9 +345,34 @@ def fpa_chunked(
     beta: Tensor,
     scale: float,
     chunk: int = DEFAULT_CHUNK,
+    hide: Tensor | None = None,
 ) -> Tensor:
-    """Chunked FPA in the cache form: q (B, Hq, Tq, D); k, v (B, Hkv, Tk, *); field (B, Hq, Tq) at
-    the query positions; level (B, Hq, Tk); past_min (B, Hq, Tk - Tq); beta (Hq,).
-    Returns (B, Hq, Tq, Dv) in q's dtype."""
-    out, _ = _forward_op(q, k, v, field, level, past_min, beta, float(scale), int(chunk))
+    """Chunked FPA in the cache form.
+
+    Args:
+        q: (B, Hq, Tq, D), the queries at the last Tq of the Tk positions.
+        k: (B, Hkv, Tk, D), Hq % Hkv == 0.
+        v: (B, Hkv, Tk, Dv).
+        field: (B, Hq, Tq), the field at the query positions.
+        level: (B, Hq, Tk).
+        past_min: (B, Hq, Tk - Tq), the field's minimum after each earlier key up to just before
+            the first query.
+        beta: (Hq,) penalty strength per query head.
+        scale: Logit scale.
+        chunk: Query chunk (memory O(B * Hq * chunk * Tk)).
+        hide: None (nothing hidden, at no cost), or (B, Hq, Tk) int64: key j is hidden from every
+            query at position >= hide[..., j] (positions 0..Tk - 1; the same value for every head
+            of a KV group where the keys are shared, e.g. fpa.ops.fpa.evicting.hide_from). A
+            hidden pair has weight 0 and sends no gradient; every query must see at least one
+            key (its own: hide[..., j] > j). Not differentiable.
+
+    Returns:
+        (B, Hq, Tq, Dv) in q's dtype.
+    """
+    if hide is not None and (hide.dtype != torch.int64 or hide.shape != level.shape or hide.device != level.device):
+        raise ValueError(
+            f"hide must be None or an int64 tensor of level's shape {tuple(level.shape)} on {level.device}, "
+            f"got {hide.dtype} {tuple(hide.shape)} on {hide.device}"
+        )
+    out, _ = _forward_op(q, k, v, field, level, past_min, beta, hide, float(scale), int(chunk))
     return out.to(q.dtype)

@@ -1,0 +1,225 @@
+"""Presets of ``fpa agent``: the language models trained on short agent sessions, the long sessions
+they decode, and every budget.
+
+Two arms, each trained on ``seeds`` (a seed fixes the initialisation and the data order, the
+same for both arms): ``fpa-walk-rule``, an FPA walk with a per-token level offset trained under
+its own eviction rule (FPAEviction(``threshold``, within chunks) in the training loop) and always
+served under it; ``fox``, FoX trained as usual. The training stream is agent sessions only
+(``fpa.tasks.agent_sessions``, TRAIN_SPEC's shape at ``seq_len`` bytes: ``mix_rate`` 1).
+
+Decoding methods: on the FPA model its rule (``fpa-rule``); on the FoX model the full cache
+(``full``), FoX's own rule (``fox-rule``, FoXEviction(``fox_threshold``)), and four budget
+policies holding, per length, the keys per head FPA's rule held at that length on the same seed
+(``window``, ``streamingllm``, ``tova``, ``h2o``: BUDGET_METHODS).
+
+Wall time: ``estimate_minutes`` (printed by ``fpa agent --help``) from the rates in ``RATES``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from fpa.checks import positive_int
+from fpa.tasks.agent_sessions import TRAIN_SPEC, SessionSpec, _max_tail_bytes, min_length
+
+FPA_ARM, FOX_ARM = "fpa-walk-rule", "fox"
+ARMS = (FPA_ARM, FOX_ARM)
+OWN_METHODS = {FPA_ARM: ("fpa-rule",), FOX_ARM: ("full", "fox-rule")}
+BUDGET_METHODS = ("window", "streamingllm", "tova", "h2o")  # on the FoX model, at FPA's memory
+METHODS = ("fpa-rule", "full", "fox-rule") + BUDGET_METHODS
+ARM_OF = {m: (FPA_ARM if m == "fpa-rule" else FOX_ARM) for m in METHODS}
+
+
+@dataclass(frozen=True)
+class AgentPreset:
+    """Everything ``fpa agent`` does at one preset; validates itself.
+
+    Training: ``steps`` AdamW steps of ``batch_size`` agent sessions of ``seq_len`` byte tokens
+    (the session, a question and its answer), learning rate ``lr`` after ``warmup_steps``, model
+    ``model_preset`` with ``model_overrides`` (FPA: ``fpa_options``; FoX: ``fox_overrides``).
+    The trainer also needs a text corpus (``data_source``, at most ``corpus_max_bytes``): its
+    held-out loss is logged, never trained on at ``mix_rate`` 1.
+
+    Control (the 1x check, per seed): ``control_sessions`` held-out sessions at the training
+    length (session seeds from ``control_seed``), one question of each kind, decoded as served;
+    a seed passes when its accuracy on the open kinds is >= ``control_min``.
+
+    Long sessions: ``sessions[i]`` sessions of ``lengths[i]`` bytes each (depth ``depth``; session
+    seeds ``session_seed``, ``session_seed + 1``, ...: the same first seeds at every length and for
+    every model), prefilled in chunks of ``chunk_size`` tokens, then one question of each kind.
+    """
+
+    name: str
+    steps: int
+    batch_size: int
+    seq_len: int
+    lr: float
+    warmup_steps: int
+    seeds: tuple[int, ...]
+    lengths: tuple[int, ...]
+    sessions: tuple[int, ...]
+    control_sessions: int
+    chunk_size: int
+    threshold: float = 2.0
+    fox_threshold: float = 8.0
+    model_preset: str = "tiny"
+    model_overrides: dict[str, Any] = field(default_factory=lambda: {"num_hidden_layers": 2})
+    fpa_options: dict[str, Any] = field(default_factory=lambda: {"level_offset": "token"})
+    fox_overrides: dict[str, Any] = field(default_factory=lambda: {"fox_fgate_bias_init": 2.0})
+    data_source: str = "stdlib"
+    corpus_max_bytes: int = 300_000
+    mix_rate: float = 1.0
+    depth: int = 4
+    control_min: float = 0.9
+    control_seed: int = 1000
+    session_seed: int = 0
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "seq_len", "control_sessions", "chunk_size", "depth"):
+            positive_int(name, getattr(self, name))
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds) or min(self.seeds) < 0:
+            raise ValueError(f"preset {self.name!r}: seeds must be distinct ints >= 0, got {self.seeds!r}")
+        if not self.lengths or list(self.lengths) != sorted(set(self.lengths)):
+            raise ValueError(f"preset {self.name!r}: lengths must be increasing, got {self.lengths!r}")
+        if len(self.sessions) != len(self.lengths) or min(self.sessions) < 1:
+            raise ValueError(
+                f"preset {self.name!r}: sessions must give >= 1 session per length "
+                f"({len(self.lengths)} lengths), got {self.sessions!r}"
+            )
+        if not 0 < self.control_min <= 1:
+            raise ValueError(f"preset {self.name!r}: control_min must be in (0, 1], got {self.control_min!r}")
+        shortest = min_length(SessionSpec(depth=self.depth, length=1 << 30))  # it depends on the depth only
+        if self.lengths[0] < shortest:
+            raise ValueError(
+                f"preset {self.name!r}: lengths must be >= {shortest} bytes (sessions of depth {self.depth}), "
+                f"got {self.lengths!r}"
+            )
+        body = self.seq_len + 1 - _max_tail_bytes(TRAIN_SPEC)
+        if body < min_length(TRAIN_SPEC):
+            need = min_length(TRAIN_SPEC) + _max_tail_bytes(TRAIN_SPEC) - 1
+            raise ValueError(f"preset {self.name!r}: seq_len must be >= {need} for agent sessions, got {self.seq_len}")
+        for name in ("threshold", "fox_threshold"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise ValueError(f"preset {self.name!r}: {name} must be a finite number >= 0, got {v!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The preset as a JSON-serialisable dict (the inverse of ``from_dict``)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> AgentPreset:
+        """Rebuild a preset from ``to_dict`` output (JSON lists become tuples)."""
+        kwargs: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
+        return cls(**kwargs)
+
+    @property
+    def eval_every(self) -> int:
+        """Training steps between evaluations (held-out loss and answer loss): about 6 per run."""
+        return max(1, self.steps // 6)
+
+    def session_seeds(self, length: int) -> tuple[int, ...]:
+        """The session seeds decoded at ``length`` (one of ``lengths``)."""
+        n = self.sessions[self.lengths.index(length)]
+        return tuple(range(self.session_seed, self.session_seed + n))
+
+
+# Seconds of process time with one torch thread (so that another job on the cores does not count),
+# measured on the cpu preset's models after 4 training steps (the speed does not depend on what they
+# learned) and 8,000-byte sessions: a training step of 16 x 512 tokens per arm; a control session of
+# the training length (its questions included); the full cache's decode of a session of L tokens,
+# full_linear * L + full_quadratic * L^2, full_linear the time per token at 2k and full_quadratic the
+# steepest growth of the time per token measured (between 8k and 16k tokens), so that 100k is over-
+# rather than under-estimated (879 us/token measured at 16k, 1164 predicted). Guessed, never
+# measured: an evaluation during training costs about one step (it runs the answer-loss probe's
+# 32 samples and one validation batch forward), train_overhead_s (per training run: start-up and
+# checkpoints) and stage_overhead_s (per control or decode stage: loading the model); the smoke
+# preset's whole run, ~13 s of process time, bounds the last two from above at small sizes.
+RATES = {
+    "step_fox": 0.52,
+    "step_fpa_rule": 1.02,
+    "control_per_session": 0.15,
+    "full_linear": 300e-6,
+    "full_quadratic": 5.4e-8,
+    "train_overhead_s": 2.0,
+    "stage_overhead_s": 0.2,
+}
+# Seconds per session token (prefill and questions), measured as RATES with a bounded cache: the
+# budget policies and FoX's rule at 300 keys per head (FoX's rule held 60), FPA's rule holding
+# ~1,000 (the untrained walk's). The estimate assumes FPA's rule stays that bounded at 100k; if its
+# kept keys grow with the length, its decodes and the budget baselines cost up to the full cache's.
+PER_TOKEN = {
+    "fpa-rule": 300e-6,
+    "fox-rule": 220e-6,
+    "window": 225e-6,
+    "streamingllm": 235e-6,
+    "tova": 310e-6,
+    "h2o": 320e-6,
+}
+
+
+def estimate_minutes(p: AgentPreset, jobs: int = 2) -> float:
+    """Rough wall time of preset ``p`` with ``jobs`` worker processes on as many idle cores, from
+    RATES and PER_TOKEN: training (per step, scaled by tokens per step), the controls and the
+    long-session decodes (the full cache's quadratic in the length, the others' linear)."""
+    positive_int("jobs", jobs)
+    scale = p.batch_size * p.seq_len / (16 * 512)
+    steps = p.steps + p.steps // p.eval_every  # an evaluation costs about a step
+    per_run = steps * scale * (RATES["step_fox"] + RATES["step_fpa_rule"]) + 2 * RATES["train_overhead_s"]
+    train = len(p.seeds) * per_run
+    control = 2 * len(p.seeds) * (p.control_sessions * RATES["control_per_session"] + RATES["stage_overhead_s"])
+    full = sum(n * (RATES["full_linear"] * L + RATES["full_quadratic"] * L * L) for n, L in zip(p.sessions, p.lengths))
+    tokens = sum(n * L for n, L in zip(p.sessions, p.lengths))
+    bounded = tokens * sum(PER_TOKEN[m] for m in METHODS if m != "full")
+    decode = len(p.seeds) * (full + bounded + len(METHODS) * len(p.lengths) * RATES["stage_overhead_s"])
+    return (train + control + decode) / jobs / 60
+
+
+PRESETS = {
+    # CI: every stage and file in seconds, on a model too small to learn anything (checks the plumbing)
+    "smoke": AgentPreset(
+        name="smoke",
+        steps=3,
+        batch_size=2,
+        seq_len=320,
+        lr=2e-3,
+        warmup_steps=1,
+        seeds=(0, 1),
+        lengths=(600, 1200, 2400),
+        sessions=(1, 1, 1),
+        control_sessions=2,
+        chunk_size=256,
+        model_overrides=dict(
+            hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2, intermediate_size=64
+        ),
+        corpus_max_bytes=60_000,
+    ),
+    # 2 cores, <= 60 min: the headline's 2-layer width-128 byte model on 512-byte sessions
+    "cpu": AgentPreset(
+        name="cpu",
+        steps=600,
+        batch_size=16,
+        seq_len=512,
+        lr=3e-3,
+        warmup_steps=50,
+        seeds=(10, 11, 12),
+        lengths=(10_000, 30_000, 100_000),
+        sessions=(4, 2, 1),
+        control_sessions=48,
+        chunk_size=512,
+    ),
+}
+
+
+def get_preset(name: str) -> AgentPreset:
+    """The preset registered as ``name`` in ``PRESETS``.
+
+    Raises:
+        ValueError: If ``name`` is not a preset.
+    """
+    if name not in PRESETS:
+        raise ValueError(f"--preset must be one of {tuple(PRESETS)}, got {name!r}")
+    return PRESETS[name]

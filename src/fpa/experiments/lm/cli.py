@@ -1,0 +1,163 @@
+"""``fpa reproduce``: the paper's claims at one preset, from one command (fpa.experiments.lm.reproduce)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fpa.experiments.lm.presets import PRESETS, ReproducePreset
+
+SECONDS_PER_STEP = 0.16  # one model, one core (`--jobs 2` on 2 cores): the committed runs' training
+EVAL_SECONDS_PER_RUN = 60.0  # a run's evaluation stages at the CPU recipe (one core)
+RULE_STEP_FACTOR = 1.1  # a step under the rule / a plain step (measured: benchmarks/results/train-throughput-cpu.md)
+
+
+def estimate_minutes(p: ReproducePreset, jobs: int = 2) -> float:
+    """Rough wall time of preset ``p`` on a CPU with ``jobs`` cores, ``--jobs jobs``: every run's
+    training (SECONDS_PER_STEP per step and model; runs under a training rule RULE_STEP_FACTOR
+    times that) and its evaluation stages (EVAL_SECONDS_PER_RUN), ``jobs`` at a time. CPU presets
+    only (the 110m preset runs on a GPU)."""
+    groups = ((p.tuning, p.tuning_seeds), (p.core, p.seeds), (p.context, p.context_seeds))
+    runs = [s for specs, seeds in groups for s in specs for _ in seeds]
+    train = sum(p.steps * SECONDS_PER_STEP * (RULE_STEP_FACTOR if s.training_threshold else 1.0) for s in runs)
+    return (train + EVAL_SECONDS_PER_RUN * len(runs)) / jobs / 60
+
+
+def _seeds(text: str) -> tuple[int, ...]:
+    try:
+        seeds = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise ValueError(f"--seeds must be a comma list of ints, e.g. 10,11,12, got {text!r}") from None
+    if not seeds or len(set(seeds)) != len(seeds) or min(seeds) < 0:
+        raise ValueError(f"--seeds must list distinct non-negative ints, got {text!r}")
+    return seeds
+
+
+def customise(preset, seeds: str | None = None, selection: str | None = None):
+    """The preset with ``--seeds`` (the reported seeds; the gate's ``control_min_pass`` scaled to
+    the same share of them) and ``--selection`` (core arms and thresholds from a tuning run's
+    folder or tuning.json) applied; checked before any work.
+
+    Raises:
+        ValueError: Bad seeds, seeds overlapping the tuning seeds, a preset without reported seeds,
+            or a selection that is not a tuning run's output.
+    """
+    import dataclasses
+    import math
+
+    from fpa.experiments.lm.grid import load_selection, selected_specs
+    from fpa.experiments.lm.presets import PRESETS
+
+    if seeds is not None:
+        new = _seeds(seeds)
+        if preset.is_tuning:
+            raise ValueError(f"--seeds: preset {preset.name!r} is a tuning preset (its tuning seeds are fixed)")
+        tuning = set(preset.tuning_seeds) | set(PRESETS["cpu-tune"].tuning_seeds)
+        if set(new) & tuning:
+            raise ValueError(
+                f"--seeds {seeds}: seeds {sorted(set(new) & tuning)} are tuning seeds {sorted(tuning)}; the "
+                "reported seeds must be others (the configurations were chosen on the tuning seeds)"
+            )
+        if preset.core:
+            need = math.ceil(preset.control_min_pass / len(preset.seeds) * len(new))
+            preset = dataclasses.replace(preset, seeds=new, control_min_pass=need)
+        else:
+            preset = dataclasses.replace(preset, context_seeds=new)
+    if selection is not None:
+        if not preset.core:
+            raise ValueError(f"--selection: preset {preset.name!r} has no core arms to select")
+        core, thresholds = selected_specs(load_selection(selection))
+        source = str(Path(selection).parent if Path(selection).is_file() else Path(selection))
+        preset = dataclasses.replace(preset, core=core, thresholds=thresholds, tuning_source=source)
+    return preset
+
+
+def run_reproduce(args) -> int:
+    """Run ``fpa reproduce`` from its parsed arguments; returns the exit status (1 when the 1x
+    control gate stopped the run)."""
+    from fpa.experiments.lm.corpus_budget import check_corpus_budget
+    from fpa.experiments.lm.presets import get_preset
+    from fpa.experiments.lm.reproduce import reproduce
+
+    preset = customise(get_preset(args.preset), args.seeds, args.selection)
+    check_corpus_budget(preset, args.data_source, args.max_bytes)  # before any device check or stage
+    if args.data_source:
+        import dataclasses
+
+        preset = dataclasses.replace(preset, data_source=args.data_source, corpus_max_bytes=args.max_bytes)
+    methods = tuple(args.methods.split(",")) if args.methods else None
+    res = reproduce(
+        preset, args.out, progress=not args.no_progress, methods=methods, jobs=args.jobs, stop_after=args.stop_after
+    )
+    if res.get("kind") == "gate-failed":
+        print(f"stopped by the 1x control gate: see {Path(args.out) / 'report.md'}")
+        return 1
+    if res:
+        print(f"wrote the report and results.json (report: {Path(args.out) / 'report.md'})")
+    return 0
+
+
+def times_text() -> str:
+    """The expected wall time of each CPU preset with ``--jobs 2`` on 2 cores (``estimate_minutes``)."""
+    rows = [
+        f"  {n}: ~{estimate_minutes(p):.0f} min" if not n.startswith("smoke") else f"  {n}: ~1-2 min"
+        for n, p in PRESETS.items()
+        if p.device == "cpu"
+    ]
+    return (
+        "expected wall time with --jobs 2 on 2 CPU cores (the committed runs' ~0.16 s per step and\n"
+        "model, one core each, plus ~1 min of evaluation per model; a retrain after a failed gate\n"
+        "adds the preset's time again at the retry's steps):\n"
+        + "\n".join(rows)
+        + "\n  110m: GPU node (docs/reproduce.md)"
+    )
+
+
+def add_parser(subparsers) -> None:
+    """Register the ``fpa reproduce`` subcommand on the top-level parser's ``subparsers``."""
+    import argparse
+
+    r = subparsers.add_parser(
+        "reproduce",
+        help="train a preset's methods on its seeds, evaluate, write the report",
+        epilog=times_text(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    r.add_argument(
+        "--preset",
+        required=True,
+        choices=tuple(PRESETS),
+        help="what is trained and every budget (fpa.experiments.lm.presets): cpu-tune selects the "
+        "configurations that cpu reports",
+    )
+    r.add_argument("--out", required=True, help="run folder (resumes if it holds an interrupted run)")
+    r.add_argument("--methods", help="comma list of the preset's configurations to run (default: all of them)")
+    r.add_argument(
+        "--seeds",
+        help="comma list of reported seeds instead of the preset's (not the tuning seeds 0-2); the gate needs "
+        "the same share of them to pass",
+    )
+    r.add_argument(
+        "--selection",
+        help="a tuning run's folder (or its tuning.json): report its selected configurations and thresholds "
+        "instead of the ones frozen in the preset",
+    )
+    r.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="independent stages to run at once in worker processes (each with cores/jobs threads)",
+    )
+    r.add_argument(
+        "--stop-after",
+        choices=("train",),
+        default=None,
+        help="stop after the training stages (evaluate later, e.g. on another machine)",
+    )
+    r.add_argument(
+        "--data-source",
+        help="corpus instead of the preset's (a path, a list file or hf:NAME; "
+        "see fpa prepare-data); recorded in the run's config",
+    )
+    r.add_argument("--max-bytes", type=int, help="with --data-source: cap on the corpus size in bytes")
+    r.add_argument("--no-progress", action="store_true", help="no progress bars")
+    r.set_defaults(func=run_reproduce)

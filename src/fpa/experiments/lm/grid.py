@@ -1,0 +1,132 @@
+"""The configurations ``fpa reproduce`` trains: the tuning grid (the same budget per core arm),
+the context methods and the ablations, as ``MethodSpec``s; and a selection ({arm: (label,
+threshold)}, from a tuning run's folder or frozen in a preset) turned into the core arms."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from fpa.experiments.lm.methods import RULE_ARM, MethodSpec
+
+
+def _spec(
+    base: str,
+    label: str = "",
+    model: dict[str, Any] | None = None,
+    train: dict[str, Any] | None = None,
+    arm: str = "",
+) -> MethodSpec:
+    name = arm or base
+    return MethodSpec(f"{name}[{label}]" if label else name, base, dict(model or {}), dict(train or {}), arm)
+
+
+_NONE = {"fpa": {"level_offset": "none"}}
+_HEAD0 = {"fpa": {"level_offset": "head", "level_offset_init": 0.0}}
+_HEAD1 = {"fpa": {"level_offset": "head", "level_offset_init": 1.0}}
+_HEAD1_SLOW = {"fpa": {"level_offset": "head", "level_offset_init": 1.0, "field_lr_multiplier": 0.1}}
+
+# The tuning grid: the same budget per core arm, 2 x 2 configurations each. FPA walk: the level
+# offset (none / per head from 1) x the field heads' learning rate (1x / 0.1x). FoX: the forget-gate
+# bias init (2 / 5) x FoX "Pro" (output gate + QK-norm; the FoX paper's Pro block also has an output
+# norm and a data-dependent token shift of keys and values, which this library does not build).
+# FPA walk trained under its rule: the offset (none / per head from 0) x the training threshold (2 / 4).
+TUNING_GRID = (
+    _spec("fpa-walk", "offset=none", _NONE),
+    _spec("fpa-walk", "offset=none,field_lr=0.1", {"fpa": {"level_offset": "none", "field_lr_multiplier": 0.1}}),
+    _spec("fpa-walk", "offset=head1", _HEAD1),
+    _spec("fpa-walk", "offset=head1,field_lr=0.1", _HEAD1_SLOW),
+    _spec("fox", "bias=2", {"fox_fgate_bias_init": 2.0}),
+    _spec("fox", "bias=2,pro", {"fox_fgate_bias_init": 2.0, "qk_norm": True, "output_gate": True}),
+    _spec("fox", "bias=5", {"fox_fgate_bias_init": 5.0}),
+    _spec("fox", "bias=5,pro", {"fox_fgate_bias_init": 5.0, "qk_norm": True, "output_gate": True}),
+    _spec("fpa-walk", "offset=none,threshold=2", _NONE, {"evict_threshold": 2.0}, RULE_ARM),
+    _spec("fpa-walk", "offset=none,threshold=4", _NONE, {"evict_threshold": 4.0}, RULE_ARM),
+    _spec("fpa-walk", "offset=head0,threshold=2", _HEAD0, {"evict_threshold": 2.0}, RULE_ARM),
+    _spec("fpa-walk", "offset=head0,threshold=4", _HEAD0, {"evict_threshold": 4.0}, RULE_ARM),
+)
+
+
+# FoX as the library configures it by default (bias 5) is context, beside the tuned FoX; and FoX
+# trained and served under its own threshold rule (FoXEviction(8, within_chunks=True)).
+CONTEXT = (
+    _spec("fpa-free"),
+    _spec("softmax-rope"),
+    _spec("softmax-alibi"),
+    _spec("fox", "bias=5", {"fox_fgate_bias_init": 5.0}),
+    _spec("fox", "bias=2,threshold=8", {"fox_fgate_bias_init": 2.0}, {"evict_threshold": 8.0}, "fox-rule"),
+)
+
+# Variants studied beside the headline (`--preset cpu-ablations`), each with its seed count in
+# its own report: eviction in the training loop from step 750 only, with the head offset from 1
+# (trained under the rule, served under it), and a per-token level offset.
+ABLATIONS = (
+    _spec("fpa-walk", "offset=head1,threshold=2", _HEAD1, {"evict_threshold": 2.0}, RULE_ARM),
+    _spec(
+        "fpa-walk",
+        "offset=head1,threshold=2,from=750",
+        _HEAD1,
+        {"evict_threshold": 2.0, "evict_from_step": 750},
+        RULE_ARM,
+    ),
+    _spec("fpa-walk", "offset=token", {"fpa": {"level_offset": "token"}}),
+)
+
+
+def selected_specs(selected: dict[str, tuple[str, float]]) -> tuple[tuple[MethodSpec, ...], dict[str, float]]:
+    """(core MethodSpecs named after their arm, {arm: threshold}) from a selection {arm: (label,
+    threshold)} of TUNING_GRID configurations.
+
+    Raises:
+        ValueError: An arm or label that is not in the grid, or a rule-trained arm whose threshold
+            is not its training threshold.
+    """
+    by_name = {s.name: s for s in TUNING_GRID}
+    specs: list[MethodSpec] = []
+    thresholds: dict[str, float] = {}
+    for arm, (label, threshold) in selected.items():
+        name = f"{arm}[{label}]"
+        if name not in by_name:
+            raise ValueError(f"selection: {name!r} is not a tuning configuration; known: {sorted(by_name)}")
+        s = by_name[name]
+        if s.training_threshold is not None and s.training_threshold != float(threshold):
+            raise ValueError(f"selection: {name} is trained under threshold {s.training_threshold}, not {threshold}")
+        specs.append(MethodSpec(arm, s.base, dict(s.model), dict(s.train), arm))
+        thresholds[arm] = float(threshold)
+    return tuple(specs), thresholds
+
+
+def load_selection(path: str | Path) -> dict[str, tuple[str, float]]:
+    """The selection of a tuning run: its folder (results.json) or its tuning.json.
+
+    Args:
+        path: A folder written by a tuning preset, or its ``tuning.json`` / ``results.json``.
+
+    Returns:
+        {arm: (configuration label, threshold)}, the input of ``selected_specs``.
+
+    Raises:
+        ValueError: No such file, not a tuning run's output, or an arm without a threshold.
+    """
+    p = Path(path)
+    if p.is_dir():
+        p = p / "tuning.json" if (p / "tuning.json").is_file() else p / "results.json"
+    if not p.is_file():
+        raise ValueError(f"--selection must be a tuning run folder or its tuning.json, got {str(path)!r} (no {p})")
+    d = json.loads(p.read_text())
+    tuning = d.get("tuning", d)
+    if not isinstance(tuning, dict) or "selected" not in tuning:
+        raise ValueError(f"--selection {str(path)!r}: {p} holds no tuning selection (run a tuning preset first)")
+    out = {}
+    for arm, sel in tuning["selected"].items():
+        threshold = (sel.get("eviction") or {}).get("threshold", sel.get("training_threshold"))
+        if threshold is None and "tau" in (sel.get("eviction") or {}):
+            raise ValueError(
+                f"--selection {str(path)!r}: written by an earlier version (key 'tau', former recipe); "
+                "rerun the tuning preset"
+            )
+        if threshold is None:
+            raise ValueError(f"--selection {str(path)!r}: arm {arm!r} has no threshold")
+        out[arm] = (sel["label"], float(threshold))
+    return out

@@ -1,0 +1,301 @@
+"""``fpa reproduce``: train every configuration of a preset on its seeds, evaluate, report.
+
+Stages (each resumable, fpa.experiments.stages): ``config``, ``data``, ``train-<run>`` (the trainer
+resumes from its own checkpoints), then, in a reported preset, ``control-<run>`` for every core run
+(the 1x control as served: the gate, ``control_gate``), then per trained model
+``loss-``/``passkey-<run>`` (plus ``evict-``/``growth-<run>`` for the core arms), or in a tuning
+preset ``validation-<run>`` (then ``sweep-<run>`` on the selected configurations' models).
+``diagnose-<run>`` for every FPA walk seed (either walk arm) that passes the control and misses at
+8x. A model trained under a threshold rule is scored under it in every stage
+(fpa.experiments.lm.train_eval.served_rule). results.json, report.md and the PNGs are rewritten from
+the stage outputs at the end.
+
+The gate: if a core arm passes the 1x control on fewer than ``control_min_pass`` seeds, nothing is
+evaluated; the folder gets a report of the controls, and with ``retry_steps`` the preset is trained
+again at that many steps, nothing else changed, in the sibling folder ``<out>-steps<N>``, whose
+report names the failed attempt. ``jobs`` > 1 runs independent stages in that many worker processes
+(fpa.experiments.pool). Under torchrun (WORLD_SIZE > 1) every rank trains; rank 0 alone evaluates.
+Every recorded stage carries the commit of the code that produced it; stages from different
+commits are refused at aggregation.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from fpa.checks import positive_int
+from fpa.compat import hf_progress_bars
+from fpa.data.atomic import atomic_write_text
+from fpa.experiments.lm.methods import CONTROL, CORE_ARMS, MethodSpec
+from fpa.experiments.lm.presets import ReproducePreset
+from fpa.experiments.lm.train_eval import eval_stage, train_stage
+from fpa.experiments.provenance import code_state, command_line
+from fpa.experiments.stages import Stages, read_json
+from fpa.train.progress import console_line
+
+
+def _is_main() -> bool:
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def _wait_for(stages: Stages, name: str, poll_s: float = 2.0) -> None:
+    """Block until stage ``name`` is recorded in the state file (written by rank 0)."""
+    while True:
+        if stages.state_path.is_file() and name in read_json(stages.state_path)["done"]:
+            return
+        time.sleep(poll_s)
+
+
+def runs_of(p: ReproducePreset, methods: tuple[str, ...] | None = None) -> list[dict]:
+    """Every (configuration, seed) run of preset ``p``: {"spec" (MethodSpec), "seed", "role"
+    ("core", "context" or "tuning")}; ``methods`` keeps only the named configurations."""
+    groups = [("tuning", p.tuning, p.tuning_seeds), ("core", p.core, p.seeds), ("context", p.context, p.context_seeds)]
+    known = [s.name for _, specs, _ in groups for s in specs]
+    if methods is not None:
+        bad = sorted(set(methods) - set(known))
+        if bad or not methods:
+            raise ValueError(f"methods must name some of {known}, got {list(methods)!r}")
+    runs = [
+        dict(spec=s, seed=seed, role=role)
+        for role, specs, seeds in groups
+        for seed in seeds
+        for s in specs
+        if methods is None or s.name in methods
+    ]
+    return sorted(runs, key=lambda r: ({"tuning": 0, "core": 0, "context": 1}[r["role"]], r["seed"]))
+
+
+def run_id(run: dict) -> str:
+    """A file-name-safe id of a run: its method spec's name and its seed, e.g. ``fox-bias2-s10``."""
+    name = run["spec"].name.replace("[", "-").replace("]", "").replace(",", "-").replace("=", "")
+    return f"{name}-s{run['seed']}"
+
+
+def _train_config(p: ReproducePreset, out: Path, data_dir: Path, run: dict, progress: bool):
+    from fpa.train import TrainConfig
+
+    spec: MethodSpec = run["spec"]
+    return TrainConfig(
+        out_dir=str(out),
+        data_dir=str(data_dir),
+        preset=p.model_preset,
+        attention=spec.attention,
+        fpa_mode=spec.fpa_mode,
+        model_overrides={**p.model_overrides, **spec.model},
+        seq_len=p.train_len,
+        batch_size=p.batch_size,
+        grad_accum=p.grad_accum,
+        steps=p.steps,
+        lr=p.lr,
+        warmup_steps=p.warmup_steps,
+        seed=run["seed"],
+        ckpt_every=max(1, p.steps // 4),
+        eval_every=p.eval_every or p.steps,
+        log_every=max(1, p.steps // 20),
+        device=p.device,
+        mix_task=p.mix_task,
+        mix_rate=p.mix_rate,
+        progress=progress,
+        tokenizer=p.tokenizer,
+        **spec.train,
+    )
+
+
+def _same_config(saved: dict, p: ReproducePreset) -> bool:
+    return json.dumps(saved, sort_keys=True) == json.dumps(p.to_dict(), sort_keys=True)
+
+
+def reproduce(
+    p: ReproducePreset,
+    out_dir: str | Path,
+    progress: bool = True,
+    methods: tuple[str, ...] | None = None,
+    log: Callable[[str], None] = console_line,
+    jobs: int = 1,
+    stop_after: str | None = None,
+    command: str | None = None,
+    retry_of: dict | None = None,
+) -> dict:
+    """Run (or resume) every stage of preset ``p`` in ``out_dir``; returns the results dict ({}
+    when ``stop_after="train"`` stops it after the training stages; kind "gate-failed" when the
+    gate stopped it, after the retry if there was one). ``retry_of``: the failed attempt this run
+    retrains (set by the gate). ``progress=False``: no progress bars, transformers' included;
+    ``log`` prints the ``[stage]`` lines (default: ``tqdm.write``, which keeps a bar intact)."""
+    with hf_progress_bars(progress):
+        return _reproduce(p, out_dir, progress, methods, log, jobs, stop_after, command, retry_of)
+
+
+def _reproduce(
+    p: ReproducePreset,
+    out_dir: str | Path,
+    progress: bool,
+    methods: tuple[str, ...] | None,
+    log: Callable[[str], None],
+    jobs: int,
+    stop_after: str | None,
+    command: str | None,
+    retry_of: dict | None,
+) -> dict:
+    from fpa.data import prepare_corpus
+    from fpa.experiments.pool import run_tasks
+
+    if stop_after not in (None, "train"):
+        raise ValueError(f"stop_after must be None or 'train', got {stop_after!r}")
+    positive_int("jobs", jobs)
+    t_start = time.time()
+    out = Path(out_dir)
+    runs = runs_of(p, methods)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and jobs > 1:
+        raise ValueError("jobs > 1 is for one machine; under torchrun the ranks already share the training")
+    code = code_state()
+    stages = Stages(out, log=log, write=_is_main(), stamp={"commit": code["commit"], "dirty": code["dirty"]})
+    if _is_main():  # the corpus and the trained models stay out of git; the report and results go in
+        atomic_write_text(out / ".gitignore", "data/\nmodels/\n")
+    cfg = stages.run("config", p.to_dict)
+    if not _same_config({k: v for k, v in cfg.items() if k != "_code"}, p):
+        raise ValueError(
+            f"out_dir {out} holds a run of another configuration (preset {cfg.get('name')!r}); "
+            f"use another --out or delete it"
+        )
+    data_dir = out / "data"
+    if _is_main():
+        stages.run("data", lambda: {"data_dir": "data", **_prepare(prepare_corpus, p, data_dir)})
+    else:
+        _wait_for(stages, "data")
+    quiet = progress and jobs == 1
+    train_tasks = [
+        (
+            f"train-{run_id(r)}",
+            train_stage,
+            (_train_config(p, out / "models" / run_id(r), data_dir, r, quiet).to_dict(),),
+        )
+        for r in runs
+    ]
+    trained = run_tasks(stages, train_tasks, jobs, progress, desc="train")
+    if not _is_main() or stop_after == "train":
+        return {}
+    model_dir = {run_id(r): str(out / "models" / run_id(r) / "model") for r in runs}
+    p_dict, data = p.to_dict(), str(data_dir)
+
+    def task(kind: str, r: dict, threshold: float | None = None):
+        args = (kind, p_dict, model_dir[run_id(r)], data, r["spec"].attention, threshold)
+        return (f"{kind}-{run_id(r)}", eval_stage, args)
+
+    gate = None
+    if not p.is_tuning and any(r["role"] == "core" for r in runs):
+        core = [r for r in runs if r["role"] == "core"]
+        controls = run_tasks(stages, [task("control", r) for r in core], jobs, progress, desc="control")
+        gate = control_gate(p, core, controls, run_id)
+        if not gate["passed"]:
+            return _gate_failed(p, out, gate, stages, command, t_start, retry_of, methods, log, jobs, progress)
+    if p.is_tuning:
+        evaluated = run_tasks(stages, [task("validation", r) for r in runs], jobs, progress, desc="validate")
+        from fpa.experiments.lm.tuning import finish_tuning
+
+        results = finish_tuning(p, runs, trained, evaluated, stages, jobs, progress, task, run_id)
+    else:
+        tasks = [task(k, r) for r in runs for k in ("loss", "passkey")]
+        tasks += [
+            task(k, r, p.thresholds[r["spec"].name])
+            for r in runs
+            if r["role"] == "core" and r["spec"].arm in CORE_ARMS
+            for k in ("evict", "growth")
+        ]
+        evaluated = run_tasks(stages, tasks, jobs, progress, desc="evaluate")
+        from fpa.experiments.lm.aggregate import aggregate
+        from fpa.experiments.lm.diagnosis import diagnose_misses
+
+        results = aggregate(p, runs, trained, evaluated, run_id, lambda n: stages.stamp_of(n).get("commit"))
+        results["diagnosis"] = diagnose_misses(p, runs, evaluated, stages, model_dir, run_id)
+        results["gate"], results["retry_of"] = gate, retry_of
+    results["provenance"] = provenance(stages, command, t_start)
+    from fpa.experiments.lm.report import write_report
+
+    write_report(results, out)
+    return results
+
+
+def control_gate(p: ReproducePreset, core: list[dict], controls: dict, run_id: Callable[[dict], str]) -> dict:
+    """The gate after training: per core arm, the seeds whose 1x passkey accuracy (as served) is
+    >= CONTROL. {"min_pass", "steps", "passed" (every arm at least min_pass), "by_arm": {arm:
+    {"passed", "n", "accuracy_by_seed": {seed: accuracy}}}}."""
+    by_arm: dict[str, dict] = {}
+    for r in core:
+        acc = float(controls[f"control-{run_id(r)}"]["accuracy_by_length"][0])
+        arm = by_arm.setdefault(r["spec"].name, {"passed": 0, "n": 0, "accuracy_by_seed": {}})
+        arm["n"] += 1
+        arm["passed"] += acc >= CONTROL
+        arm["accuracy_by_seed"][str(r["seed"])] = acc
+    return {
+        "min_pass": p.control_min_pass,
+        "steps": p.steps,
+        "passed": all(a["passed"] >= p.control_min_pass for a in by_arm.values()),
+        "by_arm": by_arm,
+    }
+
+
+def _gate_failed(p, out: Path, gate: dict, stages: Stages, command, t_start, retry_of, methods, log, jobs, progress):
+    """Record the failed gate in ``out`` (results.json and report.md), then retrain at
+    ``p.retry_steps`` in the sibling folder (if set) and return that run's results."""
+    import dataclasses
+
+    from fpa.experiments.lm.report import write_report
+
+    short = ", ".join(f"{a} {g['passed']}/{g['n']}" for a, g in gate["by_arm"].items())
+    log(
+        f"[gate] the 1x control (>= {CONTROL:.0%} at the training length) passed on {short} seeds at "
+        f"{p.steps} steps; {p.control_min_pass} needed per core arm: nothing evaluated"
+    )
+    retry = None
+    if p.retry_steps is not None:
+        retry = {"steps": p.retry_steps, "out": str(out.parent / f"{out.name}-steps{p.retry_steps}")}
+    results = {
+        "kind": "gate-failed",
+        "preset": p.to_dict(),
+        "train_len": p.train_len,
+        "gate": gate,
+        "retry": retry,
+        "retry_of": retry_of,
+        "provenance": provenance(stages, command, t_start),
+    }
+    write_report(results, out)
+    if retry is None:
+        return results
+    log(f"[gate] retraining at {p.retry_steps} steps, nothing else changed, in {retry['out']}")
+    again = dataclasses.replace(p, steps=p.retry_steps, retry_steps=None)
+    first = {"out": str(out), "steps": p.steps, "gate": gate}
+    return reproduce(again, retry["out"], progress, methods, log, jobs, None, command, retry_of=first)
+
+
+def _prepare(prepare_corpus, p: ReproducePreset, data_dir: Path) -> dict:
+    prepare_corpus(p.data_source, data_dir, tokenizer=p.tokenizer, max_bytes=p.corpus_max_bytes, seed=p.seed)
+    return {}
+
+
+def provenance(stages: Stages, command: str | None, t_start: float) -> dict:
+    """{"commit", "dirty", "command", "wall_s"}: the one commit every stage was computed at (a
+    ValueError naming the stages of each commit otherwise), and the run's wall time (the sum of
+    this call's time and, for a resumed run, the earlier calls' recorded in the state file)."""
+    by_commit: dict[str | None, list[str]] = {}
+    dirty = False
+    for name in stages.state["done"]:
+        stamp = stages.stamp_of(name)
+        by_commit.setdefault(stamp.get("commit"), []).append(name)
+        dirty |= bool(stamp.get("dirty"))
+    if len(by_commit) > 1:
+        detail = "; ".join(f"{c}: {names[:4]}{' ...' if len(names) > 4 else ''}" for c, names in by_commit.items())
+        raise ValueError(
+            f"stages of {stages.dir} were computed at different commits ({detail}); "
+            f"rerun the stale ones (delete them from state.json) or start a new folder"
+        )
+    wall = stages.add_wall_time(time.time() - t_start)
+    return {
+        "commit": next(iter(by_commit), None),
+        "dirty": dirty,
+        "command": command or command_line(),
+        "wall_s": round(wall, 1),
+    }

@@ -1,0 +1,82 @@
+"""Presets of ``fpa agent``: validation names the argument, the time estimate grows with the work and
+keeps the cpu preset within the hour on 2 cores, ``fpa agent --help`` lists every preset's time."""
+
+import dataclasses
+import math
+
+import pytest
+
+from fpa.cli import build_parser
+from fpa.experiments.agent.preset import PRESETS, AgentPreset, estimate_minutes, get_preset
+
+SMOKE = PRESETS["smoke"]
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("steps", 0),
+        ("batch_size", -1),
+        ("seq_len", 1.5),
+        ("control_sessions", True),
+        ("chunk_size", 0),
+        ("depth", 0),
+        ("seeds", ()),
+        ("seeds", (1, 1)),
+        ("seeds", (-1,)),
+        ("lengths", ()),
+        ("lengths", (1200, 600, 2400)),
+        ("lengths", (100, 1200, 2400)),  # shorter than a session of depth 4 can be
+        ("sessions", (1, 1)),
+        ("sessions", (1, 0, 1)),
+        ("control_min", 0),
+        ("control_min", 1.5),
+        ("threshold", -1.0),
+        ("threshold", math.nan),
+        ("fox_threshold", True),
+        ("seq_len", 64),  # too short for a session and its question
+    ],
+)
+def test_a_bad_field_is_named(field, value):
+    with pytest.raises(ValueError, match=field):
+        dataclasses.replace(SMOKE, **{field: value})
+
+
+def test_get_preset_and_the_dict_round_trip():
+    with pytest.raises(ValueError, match="--preset must be one of"):
+        get_preset("nope")
+    for p in PRESETS.values():
+        assert AgentPreset.from_dict(p.to_dict()) == p
+        for L in p.lengths:
+            assert len(p.session_seeds(L)) == p.sessions[p.lengths.index(L)]
+
+
+def test_estimate_grows_with_steps_lengths_sessions_and_seeds():
+    p = PRESETS["cpu"]
+    base = estimate_minutes(p)
+    by_steps = [estimate_minutes(dataclasses.replace(p, steps=n)) for n in (1, 10, 100, 1000)]
+    assert by_steps == sorted(by_steps) and len(set(by_steps)) == len(by_steps)
+    by_length = [estimate_minutes(dataclasses.replace(p, lengths=(L, 3 * L, 10 * L))) for L in (1000, 10_000, 30_000)]
+    assert by_length == sorted(by_length) and len(set(by_length)) == len(by_length)
+    assert estimate_minutes(dataclasses.replace(p, sessions=(8, 2, 1))) > base
+    assert estimate_minutes(dataclasses.replace(p, seeds=(10, 11, 12, 13))) > base
+    assert estimate_minutes(p, jobs=1) == pytest.approx(2 * base)
+    with pytest.raises(ValueError, match="jobs"):
+        estimate_minutes(p, jobs=0)
+
+
+def test_cpu_preset_is_the_issues_run_within_the_hour():
+    p = PRESETS["cpu"]
+    assert estimate_minutes(p, jobs=2) <= 60
+    assert len(p.seeds) >= 3 and p.lengths == (10_000, 30_000, 100_000) and p.seq_len <= 1024
+    assert estimate_minutes(SMOKE, jobs=1) < 1
+
+
+def test_help_lists_every_preset_with_its_time(capsys):
+    with pytest.raises(SystemExit) as e:
+        build_parser("agent").parse_args(["agent", "--help"])
+    assert e.value.code == 0
+    text = capsys.readouterr().out
+    for name in PRESETS:
+        assert f"  {name}: " in text
+    assert f"~{estimate_minutes(PRESETS['cpu']):.0f} min" in text and "smoke: < 1 min" in text

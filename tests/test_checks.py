@@ -1,0 +1,76 @@
+"""The shared number and key checks (fpa.checks): ints reject bools, numbers reject bools and nan
+(and inf unless allowed), and the message names the argument, the expected range and the value;
+an unknown key gets a did-you-mean and the valid keys."""
+
+import math
+
+import numpy as np
+import pytest
+
+from fpa.checks import check_known_keys, check_number, closest_name, non_negative_int, positive_int
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, 1.0, "2", None, np.int64(3)])
+def test_positive_int_rejects(bad):
+    with pytest.raises(ValueError) as e:
+        positive_int("n", bad, "blocks")
+    assert str(e.value) == f"n must be a positive int (blocks), got {bad!r}"
+
+
+@pytest.mark.parametrize("bad", [-1, False, 0.0, np.int64(0)])
+def test_non_negative_int_rejects(bad):
+    with pytest.raises(ValueError) as e:
+        non_negative_int("seed", bad)
+    assert str(e.value) == f"seed must be a non-negative int, got {bad!r}"
+
+
+def test_ints_pass_through():
+    assert positive_int("n", 3) == 3 and non_negative_int("n", 0) == 0 and positive_int("n", 2**70) == 2**70
+
+
+@pytest.mark.parametrize(
+    "value, kw, expected",
+    [
+        (True, {}, "x must be a finite number, got True"),
+        (math.nan, dict(low=0), "x must be a finite number >= 0, got nan"),
+        (math.inf, dict(low=0, low_open=True), "x must be a finite number > 0, got inf"),
+        (-math.inf, {}, "x must be a finite number, got -inf"),
+        (0, dict(low=0, low_open=True), "x must be a finite number > 0, got 0"),
+        (1.5, dict(low=0, high=1), "x must be a finite number in [0, 1], got 1.5"),
+        (0.0, dict(low=0, high=1, low_open=True), "x must be a finite number in (0, 1], got 0.0"),
+        (1, dict(low=0, high=1, high_open=True), "x must be a finite number in [0, 1), got 1"),
+        (3, dict(high=2), "x must be a finite number <= 2, got 3"),
+        (2, dict(high=2, high_open=True, what="a share"), "x must be a finite number < 2 (a share), got 2"),
+        ("1", {}, "x must be a finite number, got '1'"),
+        (None, {}, "x must be a finite number, got None"),
+        (math.nan, dict(low=0, finite=False), "x must be a number >= 0, got nan"),
+        (-math.inf, dict(low=0, finite=False), "x must be a number >= 0, got -inf"),
+    ],
+)
+def test_check_number_rejects(value, kw, expected):
+    with pytest.raises(ValueError) as e:
+        check_number("x", value, **kw)
+    assert str(e.value) == expected
+
+
+def test_check_number_accepts_bounds_and_returns_a_float():
+    assert check_number("x", 0, low=0) == 0.0 and isinstance(check_number("x", 1, low=0, high=1), float)
+    assert check_number("x", 1e300) == 1e300
+    assert check_number("x", 0.999, low=0, high=1, high_open=True) == 0.999
+    assert check_number("x", math.inf, low=0, finite=False) == math.inf
+
+
+def test_closest_name():
+    assert closest_name("stepz", ["steps", "seed", "lr"]) == "steps"
+    assert closest_name("zzzz", ["steps", "seed"]) is None
+
+
+def test_check_known_keys_names_each_unknown_key_with_a_hint():
+    check_known_keys({"steps": 1}, ["lr", "steps"], "the config")  # known keys pass
+    with pytest.raises(ValueError) as e:
+        check_known_keys(["stepz", "qqq", "lr"], ["lr", "steps"], "the config")
+    assert str(e.value) == (
+        "unknown keys in the config: ['qqq', 'stepz']; 'stepz' (did you mean 'steps'?); valid keys: ['lr', 'steps']"
+    )
+    with pytest.raises(ValueError, match=r"'old' \(did you mean the new one\?\); valid keys"):
+        check_known_keys(["old"], ["lr"], "the config", hint=lambda k: "the new one" if k == "old" else None)
