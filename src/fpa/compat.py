@@ -22,11 +22,11 @@ CACHE_ARG = "cache" if "cache" in BaseModelOutputWithPast.__dataclass_fields__ e
 def output_cache(out):
     """The cache a model output carries, None if none. A transformers ``ModelOutput`` is read under
     ``CACHE_ARG`` only (on >= 5.3 an output built with the old name holds it under the new one, and
-    reading the old name logs the deprecation); any other object (another library's output) under
-    either name."""
+    reading the old name logs the deprecation); any other object (another library's output, a
+    dict) under either name, ``cache`` or ``past_key_values``, whatever transformers is installed."""
     if isinstance(out, ModelOutput):
         return out.get(CACHE_ARG)
-    for name in (CACHE_ARG, "past_key_values"):
+    for name in (CACHE_ARG, "cache", "past_key_values"):
         c = out.get(name) if isinstance(out, dict) else getattr(out, name, None)
         if c is not None:
             return c
