@@ -254,11 +254,16 @@ def plot_diagnosis(diagnosis: dict[str, dict], path: str | Path) -> None:
 
 
 def plot_tuning(rows: list[dict], multiples: list[int], path: str | Path) -> None:
-    """Validation passkey accuracy against length per configuration, one panel per base method."""
-    bases = list(dict.fromkeys(r["base"] for r in rows))
-    fig, axes = _figure(1, len(bases), figsize=(5.5 * len(bases), 4), squeeze=False)
-    for ax, base in zip(axes[0], bases):
-        mine = [r for r in rows if r["base"] == base]
+    """Validation passkey accuracy against length per configuration, one panel per arm (the name
+    before the configuration's brackets: fpa-walk, fox, fpa-walk-rule)."""
+
+    def arm(r: dict) -> str:
+        return r["name"].split("[", 1)[0]
+
+    arms = list(dict.fromkeys(arm(r) for r in rows))
+    fig, axes = _figure(1, len(arms), figsize=(5.5 * len(arms), 4), squeeze=False)
+    for ax, base in zip(axes[0], arms):
+        mine = [r for r in rows if arm(r) == base]
         styles = series_styles([r["name"] for r in mine])
         for r in mine:
             st = styles[r["name"]]

@@ -33,14 +33,13 @@ from fpa.experiments.lm.methods import CORE_ARMS, RULE_ARM, MethodSpec
 
 # The selection frozen for `--preset cpu` when no `--selection` is given: per core arm, the
 # configuration label and the threshold (inference rule for fpa-walk and fox; the training rule's
-# for fpa-walk-rule, which its label also names). Provisional: the committed tuning run
-# (results/tune-cpu) used an earlier recipe (width 64, 1000 steps) and had no rule-trained arm; the
-# FPA walk and FoX choices are its, the rule-trained arm's is the single-seed run that learned the
-# task under FPAEviction(2). Rerun `--preset cpu-tune` and pass its folder as `--selection`.
+# for fpa-walk-rule, which its label also names). It is the committed tuning run's output
+# (results/tune-cpu; a test checks they agree). That run's rule-trained arm failed the 1x control
+# on 5 of its 12 runs (docs/design.md, "Where the headline stands").
 SELECTED_CPU = {
     "fpa-walk": ("offset=none", 4.0),
     "fox": ("bias=2", 8.0),
-    RULE_ARM: ("offset=head0,threshold=2", 2.0),
+    RULE_ARM: ("offset=head0,threshold=4", 4.0),
 }
 
 
