@@ -36,7 +36,9 @@ def _loop_oracle(q, k, v, field, level, beta, scale, tau):
             outs = []
             for i in range(T):
                 group = range((h // G) * G, (h // G + 1) * G)
-                keep = [j for j in range(i + 1) if j == i or any(float(pen(g, b, i - 1, j).detach()) <= tau for g in group)]
+                keep = [
+                    j for j in range(i + 1) if j == i or any(float(pen(g, b, i - 1, j).detach()) <= tau for g in group)
+                ]
                 logits = torch.stack([scale * (q[b, h, i] @ k[b, h // G, j]) - pen(h, b, i, j) for j in keep])
                 w = torch.softmax(logits, 0)
                 outs.append(sum(w[n] * v[b, h // G, j] for n, j in enumerate(keep)))
