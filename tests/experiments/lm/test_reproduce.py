@@ -144,7 +144,8 @@ def test_rule_trained_models_are_scored_under_their_rule_in_every_stage(smoke_ru
     from fpa.experiments.lm.train_eval import load_model, served_rule
 
     stages = out / "stages"
-    for rid, rule in (("fpa-walk-rule-s5", ("fpa", 2.0)), ("fox-rule-bias2-threshold8-s5", ("fox", 8.0))):
+    rule_threshold = get_preset("smoke").thresholds["fpa-walk-rule"]  # the frozen selection's training threshold
+    for rid, rule in (("fpa-walk-rule-s5", ("fpa", rule_threshold)), ("fox-rule-bias2-threshold8-s5", ("fox", 8.0))):
         serve = served_rule(out / "models" / rid / "model")
         assert serve == {"attention": rule[0], "threshold": rule[1], "within_chunks": True}
         core = rid.startswith("fpa")  # fox-rule is context: no control, no eviction tables
@@ -156,7 +157,7 @@ def test_rule_trained_models_are_scored_under_their_rule_in_every_stage(smoke_ru
         assert {getattr(b.attn, "training_eviction_threshold", None) for b in model.model.layers} == {rule[1]}
     full = json.loads((stages / "passkey-fpa-walk-s5.json").read_text())
     assert full["served"] is None and all(k == 1.0 for row in full["kept_fraction"] for k in row)
-    assert res["methods"]["fpa-walk-rule"]["served"]["threshold"] == 2.0
+    assert res["methods"]["fpa-walk-rule"]["served"]["threshold"] == rule_threshold
 
 
 def test_the_gate_stops_retrains_at_more_steps_and_reports_both(tmp_path):
