@@ -90,6 +90,21 @@ def writable_file(path: str | Path, flag: str) -> Path:
     return p
 
 
+def seed_list(text: str) -> tuple[int, ...]:
+    """``--seeds`` text ("10,11,12") as distinct non-negative ints, checked before any work.
+
+    Raises:
+        ValueError: Not a comma list of ints, a repeated seed, or a negative one.
+    """
+    try:
+        seeds = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise ValueError(f"--seeds must be a comma list of ints, e.g. 10,11,12, got {text!r}") from None
+    if not seeds or len(set(seeds)) != len(seeds) or min(seeds) < 0:
+        raise ValueError(f"--seeds must list distinct non-negative ints, got {text!r}")
+    return seeds
+
+
 def writable_dir(path: str | Path, flag: str) -> Path:
     """Check, before any work, that ``path`` is (or can be created as) a writable folder."""
     p = Path(path)

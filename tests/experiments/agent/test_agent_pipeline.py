@@ -1,5 +1,5 @@
 """``fpa agent --preset smoke`` end to end: stopped after training, then resumed to the end; every
-file and every figure the issue's Done-when needs (per method and seed: accuracy and kept keys per
+file and every figure the report promises (per method and seed: accuracy and kept keys per
 length, the growth exponent, the baselines at equal memory), and the command line."""
 
 import json

@@ -9,16 +9,6 @@ from pathlib import Path
 from fpa.experiments.agent.preset import PRESETS, estimate_minutes
 
 
-def _seeds(text: str) -> tuple[int, ...]:
-    try:
-        seeds = tuple(int(x) for x in text.split(","))
-    except ValueError:
-        raise ValueError(f"--seeds must be a comma list of ints, e.g. 10,11,12, got {text!r}") from None
-    if not seeds or len(set(seeds)) != len(seeds) or min(seeds) < 0:
-        raise ValueError(f"--seeds must list distinct non-negative ints, got {text!r}")
-    return seeds
-
-
 def times_text() -> str:
     """The expected wall time of each preset with ``--jobs 2`` on 2 idle CPU cores."""
     rows = []
@@ -35,15 +25,15 @@ def times_text() -> str:
 
 def run(args) -> int:
     """Run ``fpa agent`` from its parsed arguments; returns the exit status."""
-    from fpa.cli import writable_dir
+    from fpa.checks import positive_int
+    from fpa.cli import seed_list, writable_dir
     from fpa.experiments.agent.pipeline import run_agent
     from fpa.experiments.agent.preset import get_preset
 
     p = get_preset(args.preset)
     if args.seeds is not None:
-        p = dataclasses.replace(p, seeds=_seeds(args.seeds))
-    if isinstance(args.jobs, bool) or args.jobs < 1:
-        raise ValueError(f"--jobs must be a positive int, got {args.jobs}")
+        p = dataclasses.replace(p, seeds=seed_list(args.seeds))
+    positive_int("--jobs", args.jobs)
     out = writable_dir(args.out, "--out")
     run_agent(p, out, jobs=args.jobs, progress=not args.no_progress, stop_after=args.stop_after)
     print(f"wrote {Path(out) / 'report.md'} and results.json")

@@ -22,16 +22,6 @@ def estimate_minutes(p: ReproducePreset, jobs: int = 2) -> float:
     return (train + EVAL_SECONDS_PER_RUN * len(runs)) / jobs / 60
 
 
-def _seeds(text: str) -> tuple[int, ...]:
-    try:
-        seeds = tuple(int(x) for x in text.split(","))
-    except ValueError:
-        raise ValueError(f"--seeds must be a comma list of ints, e.g. 10,11,12, got {text!r}") from None
-    if not seeds or len(set(seeds)) != len(seeds) or min(seeds) < 0:
-        raise ValueError(f"--seeds must list distinct non-negative ints, got {text!r}")
-    return seeds
-
-
 def customise(preset, seeds: str | None = None, selection: str | None = None):
     """The preset with ``--seeds`` (the reported seeds; the gate's ``control_min_pass`` scaled to
     the same share of them) and ``--selection`` (core arms and thresholds from a tuning run's
@@ -44,11 +34,12 @@ def customise(preset, seeds: str | None = None, selection: str | None = None):
     import dataclasses
     import math
 
+    from fpa.cli import seed_list
     from fpa.experiments.lm.grid import load_selection, selected_specs
     from fpa.experiments.lm.presets import PRESETS
 
     if seeds is not None:
-        new = _seeds(seeds)
+        new = seed_list(seeds)
         if preset.is_tuning:
             raise ValueError(f"--seeds: preset {preset.name!r} is a tuning preset (its tuning seeds are fixed)")
         tuning = set(preset.tuning_seeds) | set(PRESETS["cpu-tune"].tuning_seeds)
