@@ -35,6 +35,9 @@ SMOKE = PRESETS["smoke"]
         ("threshold", math.nan),
         ("fox_threshold", True),
         ("seq_len", 64),  # too short for a session and its question
+        ("evict_from_step", -1),
+        ("evict_from_step", 3),  # SMOKE trains 3 steps: the rule would never switch on
+        ("evict_from_step", 1.5),
     ],
 )
 def test_a_bad_field_is_named(field, value):
@@ -54,18 +57,20 @@ def test_get_preset_and_the_dict_round_trip():
 def test_estimate_grows_with_steps_lengths_sessions_and_seeds():
     p = PRESETS["cpu"]
     base = estimate_minutes(p)
-    by_steps = [estimate_minutes(dataclasses.replace(p, steps=n)) for n in (1, 10, 100, 1000)]
+    by_steps = [estimate_minutes(dataclasses.replace(p, steps=n, evict_from_step=0)) for n in (1, 10, 100, 1000)]
     assert by_steps == sorted(by_steps) and len(set(by_steps)) == len(by_steps)
     by_length = [estimate_minutes(dataclasses.replace(p, lengths=(L, 3 * L, 10 * L))) for L in (1000, 10_000, 30_000)]
     assert by_length == sorted(by_length) and len(set(by_length)) == len(by_length)
     assert estimate_minutes(dataclasses.replace(p, sessions=(8, 2, 1))) > base
     assert estimate_minutes(dataclasses.replace(p, seeds=(10, 11, 12, 13))) > base
     assert estimate_minutes(p, jobs=1) == pytest.approx(2 * base)
+    # FPA's steps before its rule switches on are plain steps, cheaper than steps under the rule
+    assert estimate_minutes(dataclasses.replace(p, evict_from_step=0)) > base
     with pytest.raises(ValueError, match="jobs"):
         estimate_minutes(p, jobs=0)
 
 
-def test_cpu_preset_is_the_issues_run_within_the_hour():
+def test_cpu_preset_fits_the_hour_at_the_lengths_it_reports():
     p = PRESETS["cpu"]
     assert estimate_minutes(p, jobs=2) <= 60
     assert len(p.seeds) >= 3 and p.lengths == (10_000, 30_000, 100_000) and p.seq_len <= 1024

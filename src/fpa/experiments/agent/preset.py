@@ -38,7 +38,10 @@ class AgentPreset:
 
     Training: ``steps`` AdamW steps of ``batch_size`` agent sessions of ``seq_len`` byte tokens
     (the session, a question and its answer), learning rate ``lr`` after ``warmup_steps``, model
-    ``model_preset`` with ``model_overrides`` (FPA: ``fpa_options``; FoX: ``fox_overrides``).
+    ``model_preset`` with ``model_overrides`` (FPA: ``fpa_options``; FoX: ``fox_overrides``). The
+    FPA arm trains under its rule from step ``evict_from_step`` on (before it, attention as usual:
+    trained under the rule from the first step, a model whose untrained walk hides the keys an
+    answer needs gets no gradient to keep them).
     The trainer also needs a text corpus (``data_source``, at most ``corpus_max_bytes``): its
     held-out loss is logged, never trained on at ``mix_rate`` 1.
 
@@ -63,6 +66,7 @@ class AgentPreset:
     control_sessions: int
     chunk_size: int
     threshold: float = 2.0
+    evict_from_step: int = 0
     fox_threshold: float = 8.0
     model_preset: str = "tiny"
     model_overrides: dict[str, Any] = field(default_factory=lambda: {"num_hidden_layers": 2})
@@ -80,6 +84,12 @@ class AgentPreset:
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "seq_len", "control_sessions", "chunk_size", "depth"):
             positive_int(name, getattr(self, name))
+        if isinstance(self.evict_from_step, bool) or not isinstance(self.evict_from_step, int):
+            raise ValueError(f"preset {self.name!r}: evict_from_step must be an int, got {self.evict_from_step!r}")
+        if not 0 <= self.evict_from_step < self.steps:
+            raise ValueError(
+                f"preset {self.name!r}: evict_from_step must be in [0, steps={self.steps}), got {self.evict_from_step}"
+            )
         if not self.seeds or len(set(self.seeds)) != len(self.seeds) or min(self.seeds) < 0:
             raise ValueError(f"preset {self.name!r}: seeds must be distinct ints >= 0, got {self.seeds!r}")
         if not self.lengths or list(self.lengths) != sorted(set(self.lengths)):
@@ -129,7 +139,9 @@ class AgentPreset:
 
 # Seconds of process time with one torch thread (so that another job on the cores does not count),
 # measured on the cpu preset's models after 4 training steps (the speed does not depend on what they
-# learned) and 8,000-byte sessions: a training step of 16 x 512 tokens per arm; a control session of
+# learned) and 8,000-byte sessions: a training step of 16 x 512 tokens per arm (FPA's plain step,
+# before ``evict_from_step``, from the rule step and the ratio of the two measured by
+# benchmarks/bench_train_throughput.py, 1.16); a control session of
 # the training length (its questions included); the full cache's decode of a session of L tokens,
 # full_linear * L + full_quadratic * L^2, full_linear the time per token at 2k and full_quadratic the
 # steepest growth of the time per token measured (between 8k and 16k tokens), so that 100k is over-
@@ -141,6 +153,7 @@ class AgentPreset:
 RATES = {
     "step_fox": 0.52,
     "step_fpa_rule": 1.02,
+    "step_fpa": 1.02 / 1.16,
     "control_per_session": 0.15,
     "full_linear": 300e-6,
     "full_quadratic": 5.4e-8,
@@ -168,7 +181,9 @@ def estimate_minutes(p: AgentPreset, jobs: int = 2) -> float:
     positive_int("jobs", jobs)
     scale = p.batch_size * p.seq_len / (16 * 512)
     steps = p.steps + p.steps // p.eval_every  # an evaluation costs about a step
-    per_run = steps * scale * (RATES["step_fox"] + RATES["step_fpa_rule"]) + 2 * RATES["train_overhead_s"]
+    plain_fpa = p.evict_from_step / p.steps  # the share of FPA's steps before its rule switches on
+    step_fpa = plain_fpa * RATES["step_fpa"] + (1 - plain_fpa) * RATES["step_fpa_rule"]
+    per_run = steps * scale * (RATES["step_fox"] + step_fpa) + 2 * RATES["train_overhead_s"]
     train = len(p.seeds) * per_run
     control = 2 * len(p.seeds) * (p.control_sessions * RATES["control_per_session"] + RATES["stage_overhead_s"])
     full = sum(n * (RATES["full_linear"] * L + RATES["full_quadratic"] * L * L) for n, L in zip(p.sessions, p.lengths))
@@ -210,6 +225,7 @@ PRESETS = {
         sessions=(4, 2, 1),
         control_sessions=48,
         chunk_size=512,
+        evict_from_step=300,
     ),
 }
 

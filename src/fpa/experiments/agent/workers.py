@@ -16,7 +16,8 @@ from fpa.tasks.agent_sessions import TRAIN_SPEC, SessionSpec, _max_tail_bytes
 
 def train_config(p: AgentPreset, arm: str, seed: int, out_dir: str | Path, data_dir: str | Path, progress: bool):
     """The TrainConfig of ``arm`` on ``seed``: agent sessions at ``p.seq_len``; the FPA arm is a walk
-    with ``p.fpa_options`` trained under FPAEviction(``p.threshold``) (``evict_threshold``)."""
+    with ``p.fpa_options`` trained under FPAEviction(``p.threshold``) (``evict_threshold``) from step
+    ``p.evict_from_step`` on."""
     from fpa.train import TrainConfig
 
     fpa = arm == FPA_ARM
@@ -43,6 +44,7 @@ def train_config(p: AgentPreset, arm: str, seed: int, out_dir: str | Path, data_
         mix_rate=p.mix_rate,
         progress=progress,
         evict_threshold=p.threshold if fpa else None,
+        evict_from_step=p.evict_from_step if fpa else 0,
     )
 
 
