@@ -234,8 +234,9 @@ def markdown(r: dict) -> str:
         f"{p.batch_size} agent sessions of {p.seq_len} bytes (fpa.tasks.agent_sessions, depth <= "
         f"{TRAIN_SPEC.depth}, a question and its answer at the end) on seeds {list(p.seeds)}: `fpa-walk-rule`, "
         f"an FPA walk with {p.fpa_options} trained (from step {p.evict_from_step} on) and served under its own "
-        f"rule FPAEviction({p.threshold:g}, within chunks); `fox`, FoX with {p.fox_overrides}, served with the full cache, its own rule "
-        f"FoXEviction({p.fox_threshold:g}) and, at FPA's memory, a window, StreamingLLM (4 sinks), TOVA and H2O.",
+        f"rule FPAEviction({p.threshold:g}, within chunks); `fox`, FoX with {p.fox_overrides}, served with the "
+        f"full cache, its own rule FoXEviction({p.fox_threshold:g}) and, at FPA's memory, a window, "
+        f"StreamingLLM (4 sinks), TOVA and H2O.",
         "",
         stages_line(p, r),
         "",
