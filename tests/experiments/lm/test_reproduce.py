@@ -178,6 +178,38 @@ def test_the_gate_stops_retrains_at_more_steps_and_reports_both(tmp_path):
     assert any(m.startswith("[gate]") for m in logs)
 
 
+def test_stop_after_control_records_the_gate_evaluates_nothing_and_never_retrains(tmp_path, capsys, monkeypatch):
+    import dataclasses
+
+    from fpa.experiments.lm import cli as lm_cli
+
+    p = dataclasses.replace(get_preset("smoke"), control_min_pass=1)  # 4 steps: never met
+    out = tmp_path / "run"
+    res = reproduce(p, out, progress=False, methods=("fpa-walk",), log=lambda m: None, stop_after="control")
+    assert res["kind"] == "control" and res["retry"] is None and not res["gate"]["passed"]
+    assert res["gate"]["by_arm"]["fpa-walk"]["n"] == len(p.seeds)
+    assert list((out / "stages").glob("control-*")) and not list((out / "stages").glob("passkey-*"))
+    assert not (tmp_path / "run-steps6").exists()
+    text = (out / "report.md").read_text()
+    assert "stopped after the 1x controls" in text and "it did not; the run was stopped there" in text
+    assert res["provenance"]["wall_s"] is not None
+    with pytest.raises(ValueError, match="stop_after='control' needs a preset with core arms"):
+        reproduce(get_preset("smoke-tune"), tmp_path / "tune", progress=False, stop_after="control")
+    # the CLI's exit status says whether the control passed (the gate failed here; the run resumes)
+    monkeypatch.setattr(lm_cli, "customise", lambda *a, **k: p)
+    args = ["reproduce", "--preset", "smoke", "--out", str(out), "--methods", "fpa-walk", "--stop-after", "control"]
+    code = main([*args, "--no-progress"])
+    assert code == 1 and "1x control passed on fpa-walk 0/2 seeds" in capsys.readouterr().out
+
+
+def test_rule_control_preset_checks_the_late_rule_recipe_on_seeds_of_its_own():
+    p, cpu = get_preset("cpu-rule-control"), get_preset("cpu")
+    assert [s.arm for s in p.core] == ["fpa-walk-rule"] and p.core[0].train["evict_from_step"] == p.steps // 2
+    assert len(p.seeds) >= 10 and p.control_min_pass >= 0.9 * len(p.seeds) and p.retry_steps is None
+    assert not set(p.seeds) & (set(cpu.seeds) | set(cpu.tuning_seeds))
+    assert (p.steps, p.train_len, p.model_overrides) == (cpu.steps, cpu.train_len, cpu.model_overrides)
+
+
 def test_tuning_smoke_selects_one_configuration_and_threshold_per_arm(tuning_run):
     out, res = tuning_run
     t = res["tuning"]

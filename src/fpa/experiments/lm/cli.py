@@ -13,12 +13,15 @@ RULE_STEP_FACTOR = 1.1  # a step under the rule / a plain step (measured: benchm
 
 def estimate_minutes(p: ReproducePreset, jobs: int = 2) -> float:
     """Rough wall time of preset ``p`` on a CPU with ``jobs`` cores, ``--jobs jobs``: every run's
-    training (SECONDS_PER_STEP per step and model; runs under a training rule RULE_STEP_FACTOR
+    training (SECONDS_PER_STEP per step and model; steps under a training rule RULE_STEP_FACTOR
     times that) and its evaluation stages (EVAL_SECONDS_PER_RUN), ``jobs`` at a time. CPU presets
     only (the 110m preset runs on a GPU)."""
     groups = ((p.tuning, p.tuning_seeds), (p.core, p.seeds), (p.context, p.context_seeds))
     runs = [s for specs, seeds in groups for s in specs for _ in seeds]
-    train = sum(p.steps * SECONDS_PER_STEP * (RULE_STEP_FACTOR if s.training_threshold else 1.0) for s in runs)
+    train = 0.0
+    for s in runs:
+        under_rule = p.steps - min(p.steps, s.train.get("evict_from_step", 0)) if s.training_threshold else 0
+        train += SECONDS_PER_STEP * (p.steps + (RULE_STEP_FACTOR - 1.0) * under_rule)
     return (train + EVAL_SECONDS_PER_RUN * len(runs)) / jobs / 60
 
 
@@ -79,6 +82,10 @@ def run_reproduce(args) -> int:
     res = reproduce(
         preset, args.out, progress=not args.no_progress, methods=methods, jobs=args.jobs, stop_after=args.stop_after
     )
+    if res.get("kind") == "control":
+        short = ", ".join(f"{a} {g['passed']}/{g['n']}" for a, g in res["gate"]["by_arm"].items())
+        print(f"1x control passed on {short} seeds (see {Path(args.out) / 'report.md'})")
+        return 0 if res["gate"]["passed"] else 1
     if res.get("kind") == "gate-failed":
         print(f"stopped by the 1x control gate: see {Path(args.out) / 'report.md'}")
         return 1
@@ -140,9 +147,10 @@ def add_parser(subparsers) -> None:
     )
     r.add_argument(
         "--stop-after",
-        choices=("train",),
+        choices=("train", "control"),
         default=None,
-        help="stop after the training stages (evaluate later, e.g. on another machine)",
+        help="stop after the training stages (evaluate later, e.g. on another machine), or after the 1x "
+        "control gate (a recipe's control checked on many seeds; exit status 1 if it failed)",
     )
     r.add_argument(
         "--data-source",

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, TypedDict
 
 from fpa.checks import non_negative_int
-from fpa.experiments.lm.grid import ABLATIONS, CONTEXT, TUNING_GRID, selected_specs
+from fpa.experiments.lm.grid import ABLATIONS, CONTEXT, RULE_LATE, TUNING_GRID, selected_specs
 from fpa.experiments.lm.methods import CORE_ARMS, RULE_ARM, MethodSpec
 
 # The selection frozen for `--preset cpu` when no `--selection` is given: per core arm, the
@@ -241,6 +241,18 @@ PRESETS = {
         eval_batch_size=40,
         control_min_pass=9,
         retry_steps=2000,
+        **_CPU,
+    ),
+    # The 1x control of the rule-trained arm's candidate recipe (grid.RULE_LATE) on 10 seeds that are
+    # neither tuning nor reported seeds, before it enters the tuning grid: run with --stop-after control.
+    "cpu-rule-control": ReproducePreset(
+        name="cpu-rule-control",
+        core=(MethodSpec(RULE_ARM, RULE_LATE.base, dict(RULE_LATE.model), dict(RULE_LATE.train), RULE_ARM),),
+        thresholds={RULE_ARM: 2.0},
+        seeds=tuple(range(20, 30)),
+        tuning_seeds=(0, 1, 2),
+        eval_batch_size=40,
+        control_min_pass=9,
         **_CPU,
     ),
     # The context methods, on 3 of the reported seeds, in their own folder (results/reproduce-cpu-context):

@@ -149,17 +149,24 @@ def _tuned_threshold(sel: dict) -> float | None:
 
 
 def gate_markdown(results: dict) -> str:
-    """The report of a run the gate stopped: the 1x control of every core seed, and the retry."""
+    """The report of a run the gate stopped, or stopped after its controls (kind "control"): the 1x
+    control of every core seed, and the retry."""
     g, p = results["gate"], results["preset"]
+    control_only = results["kind"] == "control"
+    if control_only:
+        title = "stopped after the 1x controls"
+        verdict = f"{'it did' if g['passed'] else 'it did not'}; the run was stopped there (`--stop-after control`)"
+    else:
+        title, verdict = "stopped by the 1x control gate", "it did not, so nothing was evaluated"
     lines = [
-        f"# Reproduction: `{p['name']}`, stopped by the 1x control gate",
+        f"# Reproduction: `{p['name']}`, {title}",
         "",
         provenance_text(results),
         "",
         setup_text(results),
         "",
         f"After training, each core arm had to pass the 1x control (>= {pct(CONTROL)} passkey accuracy at the "
-        f"training length, as served) on at least {g['min_pass']} seeds; it did not, so nothing was evaluated:",
+        f"training length, as served) on at least {g['min_pass']} seeds; {verdict}:",
         "",
         "| method | passed | "
         + " | ".join(f"seed {s}" for s in next(iter(g["by_arm"].values()))["accuracy_by_seed"])
@@ -174,6 +181,8 @@ def gate_markdown(results: dict) -> str:
     if results.get("retry"):
         r = results["retry"]
         lines.append(f"Retrained at {r['steps']} steps, nothing else changed, in `{r['out']}` (its report).")
+    elif control_only:
+        lines.append("Nothing else was evaluated: the run stopped after the controls by request.")
     else:
         lines.append("No retry configured for this preset (`retry_steps`): stopped.")
     lines += _retry_of_text(results)
@@ -291,7 +300,7 @@ def write_report(results: dict, out_dir: str | Path) -> None:
         )
         atomic_write_text(out / "report.md", tuning_markdown(results))
         return
-    if results["kind"] == "gate-failed":
+    if results["kind"] in ("gate-failed", "control"):
         atomic_write_text(out / "report.md", gate_markdown(results))
         return
     figures = _figures(results, out)

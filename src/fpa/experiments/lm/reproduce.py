@@ -109,6 +109,9 @@ def _same_config(saved: dict, p: ReproducePreset) -> bool:
     return json.dumps(saved, sort_keys=True) == json.dumps(p.to_dict(), sort_keys=True)
 
 
+STOP_AFTER = (None, "train", "control")
+
+
 def reproduce(
     p: ReproducePreset,
     out_dir: str | Path,
@@ -121,8 +124,9 @@ def reproduce(
     retry_of: dict | None = None,
 ) -> dict:
     """Run (or resume) every stage of preset ``p`` in ``out_dir``; returns the results dict ({}
-    when ``stop_after="train"`` stops it after the training stages; kind "gate-failed" when the
-    gate stopped it, after the retry if there was one). ``retry_of``: the failed attempt this run
+    when ``stop_after="train"`` stops it after the training stages; kind "control" when
+    ``stop_after="control"`` stops it after the gate, whatever the gate says; kind "gate-failed"
+    when the gate stopped it, after the retry if there was one). ``retry_of``: the failed attempt this run
     retrains (set by the gate). ``progress=False``: no progress bars, transformers' included;
     ``log`` prints the ``[stage]`` lines (default: ``tqdm.write``, which keeps a bar intact)."""
     with hf_progress_bars(progress):
@@ -143,8 +147,10 @@ def _reproduce(
     from fpa.data import prepare_corpus
     from fpa.experiments.pool import run_tasks
 
-    if stop_after not in (None, "train"):
-        raise ValueError(f"stop_after must be None or 'train', got {stop_after!r}")
+    if stop_after not in STOP_AFTER:
+        raise ValueError(f"stop_after must be None or one of {STOP_AFTER[1:]}, got {stop_after!r}")
+    if stop_after == "control" and (p.is_tuning or not p.core):
+        raise ValueError(f"stop_after='control' needs a preset with core arms and a gate; {p.name!r} has none")
     positive_int("jobs", jobs)
     t_start = time.time()
     out = Path(out_dir)
@@ -190,6 +196,8 @@ def _reproduce(
         core = [r for r in runs if r["role"] == "core"]
         controls = run_tasks(stages, [task("control", r) for r in core], jobs, progress, desc="control")
         gate = control_gate(p, core, controls, run_id)
+        if stop_after == "control":
+            return _control_only(p, out, gate, stages, command, t_start)
         if not gate["passed"]:
             return _gate_failed(p, out, gate, stages, command, t_start, retry_of, methods, log, jobs, progress)
     if p.is_tuning:
@@ -236,6 +244,24 @@ def control_gate(p: ReproducePreset, core: list[dict], controls: dict, run_id: C
         "passed": all(a["passed"] >= p.control_min_pass for a in by_arm.values()),
         "by_arm": by_arm,
     }
+
+
+def _control_only(p: ReproducePreset, out: Path, gate: dict, stages: Stages, command, t_start) -> dict:
+    """Record the gate of a run stopped after its 1x controls (kind "control": results.json and
+    report.md, nothing evaluated, no retry whatever the gate says)."""
+    from fpa.experiments.lm.report import write_report
+
+    results = {
+        "kind": "control",
+        "preset": p.to_dict(),
+        "train_len": p.train_len,
+        "gate": gate,
+        "retry": None,
+        "retry_of": None,
+        "provenance": provenance(stages, command, t_start),
+    }
+    write_report(results, out)
+    return results
 
 
 def _gate_failed(p, out: Path, gate: dict, stages: Stages, command, t_start, retry_of, methods, log, jobs, progress):
