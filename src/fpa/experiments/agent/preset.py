@@ -21,7 +21,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from fpa.checks import positive_int
+from fpa.checks import non_negative_int, positive_int
 from fpa.tasks.agent_sessions import TRAIN_SPEC, SessionSpec, _max_tail_bytes, min_length
 
 FPA_ARM, FOX_ARM = "fpa-walk-rule", "fox"
@@ -84,9 +84,7 @@ class AgentPreset:
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "seq_len", "control_sessions", "chunk_size", "depth"):
             positive_int(name, getattr(self, name))
-        if isinstance(self.evict_from_step, bool) or not isinstance(self.evict_from_step, int):
-            raise ValueError(f"preset {self.name!r}: evict_from_step must be an int, got {self.evict_from_step!r}")
-        if not 0 <= self.evict_from_step < self.steps:
+        if non_negative_int("evict_from_step", self.evict_from_step) >= self.steps:
             raise ValueError(
                 f"preset {self.name!r}: evict_from_step must be in [0, steps={self.steps}), got {self.evict_from_step}"
             )

@@ -70,7 +70,7 @@ def run_reproduce(args) -> int:
     control gate stopped the run)."""
     from fpa.experiments.lm.corpus_budget import check_corpus_budget
     from fpa.experiments.lm.presets import get_preset
-    from fpa.experiments.lm.reproduce import reproduce
+    from fpa.experiments.lm.reproduce import gate_summary, reproduce
 
     preset = customise(get_preset(args.preset), args.seeds, args.selection)
     check_corpus_budget(preset, args.data_source, args.max_bytes)  # before any device check or stage
@@ -83,8 +83,7 @@ def run_reproduce(args) -> int:
         preset, args.out, progress=not args.no_progress, methods=methods, jobs=args.jobs, stop_after=args.stop_after
     )
     if res.get("kind") == "control":
-        short = ", ".join(f"{a} {g['passed']}/{g['n']}" for a, g in res["gate"]["by_arm"].items())
-        print(f"1x control passed on {short} seeds (see {Path(args.out) / 'report.md'})")
+        print(f"1x control passed on {gate_summary(res['gate'])} seeds (see {Path(args.out) / 'report.md'})")
         return 0 if res["gate"]["passed"] else 1
     if res.get("kind") == "gate-failed":
         print(f"stopped by the 1x control gate: see {Path(args.out) / 'report.md'}")

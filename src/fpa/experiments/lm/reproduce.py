@@ -196,8 +196,8 @@ def _reproduce(
         core = [r for r in runs if r["role"] == "core"]
         controls = run_tasks(stages, [task("control", r) for r in core], jobs, progress, desc="control")
         gate = control_gate(p, core, controls, run_id)
-        if stop_after == "control":
-            return _control_only(p, out, gate, stages, command, t_start)
+        if stop_after == "control":  # recorded whatever the gate says; no evaluation, no retrain
+            return _gate_results(p, "control", gate, None, None, stages, command, t_start)
         if not gate["passed"]:
             return _gate_failed(p, out, gate, stages, command, t_start, retry_of, methods, log, jobs, progress)
     if p.is_tuning:
@@ -246,21 +246,26 @@ def control_gate(p: ReproducePreset, core: list[dict], controls: dict, run_id: C
     }
 
 
-def _control_only(p: ReproducePreset, out: Path, gate: dict, stages: Stages, command, t_start) -> dict:
-    """Record the gate of a run stopped after its 1x controls (kind "control": results.json and
-    report.md, nothing evaluated, no retry whatever the gate says)."""
+def gate_summary(gate: dict) -> str:
+    """The gate's passes per core arm, e.g. "fpa-walk 6/10, fox 10/10"."""
+    return ", ".join(f"{a} {g['passed']}/{g['n']}" for a, g in gate["by_arm"].items())
+
+
+def _gate_results(p: ReproducePreset, kind: str, gate: dict, retry, retry_of, stages: Stages, command, t_start) -> dict:
+    """The results of a run that stopped at the gate (``kind`` "control" or "gate-failed"), written
+    to results.json and report.md in the run's folder."""
     from fpa.experiments.lm.report import write_report
 
     results = {
-        "kind": "control",
+        "kind": kind,
         "preset": p.to_dict(),
         "train_len": p.train_len,
         "gate": gate,
-        "retry": None,
-        "retry_of": None,
+        "retry": retry,
+        "retry_of": retry_of,
         "provenance": provenance(stages, command, t_start),
     }
-    write_report(results, out)
+    write_report(results, stages.dir)
     return results
 
 
@@ -269,26 +274,14 @@ def _gate_failed(p, out: Path, gate: dict, stages: Stages, command, t_start, ret
     ``p.retry_steps`` in the sibling folder (if set) and return that run's results."""
     import dataclasses
 
-    from fpa.experiments.lm.report import write_report
-
-    short = ", ".join(f"{a} {g['passed']}/{g['n']}" for a, g in gate["by_arm"].items())
     log(
-        f"[gate] the 1x control (>= {CONTROL:.0%} at the training length) passed on {short} seeds at "
+        f"[gate] the 1x control (>= {CONTROL:.0%} at the training length) passed on {gate_summary(gate)} seeds at "
         f"{p.steps} steps; {p.control_min_pass} needed per core arm: nothing evaluated"
     )
     retry = None
     if p.retry_steps is not None:
         retry = {"steps": p.retry_steps, "out": str(out.parent / f"{out.name}-steps{p.retry_steps}")}
-    results = {
-        "kind": "gate-failed",
-        "preset": p.to_dict(),
-        "train_len": p.train_len,
-        "gate": gate,
-        "retry": retry,
-        "retry_of": retry_of,
-        "provenance": provenance(stages, command, t_start),
-    }
-    write_report(results, out)
+    results = _gate_results(p, "gate-failed", gate, retry, retry_of, stages, command, t_start)
     if retry is None:
         return results
     log(f"[gate] retraining at {p.retry_steps} steps, nothing else changed, in {retry['out']}")
