@@ -25,6 +25,9 @@ def _spec(
 _NONE = {"fpa": {"level_offset": "none"}}
 _HEAD0 = {"fpa": {"level_offset": "head", "level_offset_init": 0.0}}
 _HEAD1 = {"fpa": {"level_offset": "head", "level_offset_init": 1.0}}
+# The walk's candidate recipe once plain walks without an offset stalled on the no-copy plateau
+# (`--preset cpu-walk-control`): the grid's head offset from 1.
+WALK_HEAD1 = _spec("fpa-walk", "offset=head1", _HEAD1)
 _HEAD1_SLOW = {"fpa": {"level_offset": "head", "level_offset_init": 1.0, "field_lr_multiplier": 0.1}}
 
 # The tuning grid: the same budget per core arm, 2 x 2 configurations each. FPA walk: the level
@@ -35,7 +38,7 @@ _HEAD1_SLOW = {"fpa": {"level_offset": "head", "level_offset_init": 1.0, "field_
 TUNING_GRID = (
     _spec("fpa-walk", "offset=none", _NONE),
     _spec("fpa-walk", "offset=none,field_lr=0.1", {"fpa": {"level_offset": "none", "field_lr_multiplier": 0.1}}),
-    _spec("fpa-walk", "offset=head1", _HEAD1),
+    WALK_HEAD1,
     _spec("fpa-walk", "offset=head1,field_lr=0.1", _HEAD1_SLOW),
     _spec("fox", "bias=2", {"fox_fgate_bias_init": 2.0}),
     _spec("fox", "bias=2,pro", {"fox_fgate_bias_init": 2.0, "qk_norm": True, "output_gate": True}),
