@@ -5,6 +5,7 @@ threshold)}, from a tuning run's folder or frozen in a preset) turned into the c
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +26,15 @@ def _spec(
 _NONE = {"fpa": {"level_offset": "none"}}
 _HEAD0 = {"fpa": {"level_offset": "head", "level_offset_init": 0.0}}
 _HEAD1 = {"fpa": {"level_offset": "head", "level_offset_init": 1.0}}
-# The walk's candidate recipe once plain walks without an offset stalled on the no-copy plateau
-# (`--preset cpu-walk-control`): the grid's head offset from 1.
-WALK_HEAD1 = _spec("fpa-walk", "offset=head1", _HEAD1)
+# The increment bias at which the walk starts as FoX at forget-gate bias 2: a constant step
+# tanh(b) times the initial beta softplus(0) = ln 2 equals FoX's initial decay -log sigmoid(2) =
+# 0.127 logits per token. A walk started at bias 0 has almost no positional signal (steps of
+# +-0.2 noise); on seeds 21, 26, 28 and 29 it never left the no-copy plateau in 1500 steps, where
+# FoX at bias 2 and this walk left it by step 300-700.
+FOX2_WALK_BIAS = -math.atanh(math.log1p(math.exp(-2.0)) / math.log(2.0))  # -0.1852
+_FOX2 = {"fpa": {"level_offset": "none", "walk_bias_init": FOX2_WALK_BIAS}}
+# The walk's candidate recipe, checked by `--preset cpu-walk-control` on seeds 20-29.
+WALK_FOX2 = _spec("fpa-walk", "offset=none,init=fox2", _FOX2)
 _HEAD1_SLOW = {"fpa": {"level_offset": "head", "level_offset_init": 1.0, "field_lr_multiplier": 0.1}}
 
 # The tuning grid: the same budget per core arm, 2 x 2 configurations each. FPA walk: the level
@@ -38,7 +45,7 @@ _HEAD1_SLOW = {"fpa": {"level_offset": "head", "level_offset_init": 1.0, "field_
 TUNING_GRID = (
     _spec("fpa-walk", "offset=none", _NONE),
     _spec("fpa-walk", "offset=none,field_lr=0.1", {"fpa": {"level_offset": "none", "field_lr_multiplier": 0.1}}),
-    WALK_HEAD1,
+    _spec("fpa-walk", "offset=head1", _HEAD1),
     _spec("fpa-walk", "offset=head1,field_lr=0.1", _HEAD1_SLOW),
     _spec("fox", "bias=2", {"fox_fgate_bias_init": 2.0}),
     _spec("fox", "bias=2,pro", {"fox_fgate_bias_init": 2.0, "qk_norm": True, "output_gate": True}),

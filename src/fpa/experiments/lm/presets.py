@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, TypedDict
 
 from fpa.checks import non_negative_int
-from fpa.experiments.lm.grid import ABLATIONS, CONTEXT, RULE_LATE, TUNING_GRID, WALK_HEAD1, selected_specs
+from fpa.experiments.lm.grid import ABLATIONS, CONTEXT, RULE_LATE, TUNING_GRID, WALK_FOX2, selected_specs
 from fpa.experiments.lm.methods import CORE_ARMS, RULE_ARM, MethodSpec
 
 # The selection frozen for `--preset cpu` when no `--selection` is given: per core arm, the
@@ -255,12 +255,12 @@ PRESETS = {
         control_min_pass=9,
         **_CPU,
     ),
-    # The 1x control of the walk's candidate recipe, the grid's head offset from 1, on the same 10
-    # seeds: without the offset the walk failed 4 of them (results/control-cpu-fpa-walk), stuck on
-    # the no-copy plateau. Run with --stop-after control.
+    # The 1x control of the walk's candidate recipe (grid.WALK_FOX2: the walk started as FoX at bias
+    # 2) on the same 10 seeds: started at increment bias 0 the walk failed 4 of them
+    # (results/control-cpu-fpa-walk), stuck on the no-copy plateau. Run with --stop-after control.
     "cpu-walk-control": ReproducePreset(
         name="cpu-walk-control",
-        core=(MethodSpec("fpa-walk", WALK_HEAD1.base, dict(WALK_HEAD1.model), dict(WALK_HEAD1.train), "fpa-walk"),),
+        core=(MethodSpec("fpa-walk", WALK_FOX2.base, dict(WALK_FOX2.model), dict(WALK_FOX2.train), "fpa-walk"),),
         thresholds={"fpa-walk": 4.0},
         seeds=tuple(range(20, 30)),
         tuning_seeds=(0, 1, 2),
