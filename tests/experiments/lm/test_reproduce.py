@@ -1,6 +1,7 @@
 """The smoke presets end to end (default suite): tuning and reported runs, every file, resume,
 provenance, refusal of a folder of another configuration or of stages from another commit."""
 
+import dataclasses
 import json
 
 import pytest
@@ -35,7 +36,7 @@ def test_runs_are_the_presets_configurations_on_their_seeds():
         ("fpa-free", 5),
         ("fox-rule[bias=2,threshold=8]", 5),
     ]
-    assert run_id(runs_of(get_preset("cpu-tune"))[3]) == "fpa-walk-offsethead1-field_lr0.1-s0"
+    assert run_id(runs_of(get_preset("cpu-tune"))[3]) == "fpa-walk-offsethead1-initfox2-field_lr0.1-s0"
     with pytest.raises(ValueError, match="methods must name"):
         runs_of(p, ("fpa", "fox"))
 
@@ -58,7 +59,7 @@ def test_presets_keep_tuning_and_reported_seeds_apart():
 def test_seeds_and_selection_options(tuning_run):
     from fpa.experiments.lm.cli import customise
 
-    cpu = get_preset("cpu")
+    cpu = dataclasses.replace(get_preset("cpu"), selection_pending=False)
     p = customise(cpu, seeds="10,11,12,13,14")
     assert p.seeds == (10, 11, 12, 13, 14) and p.control_min_pass == 5  # 9 of 10 -> the same share of 5
     with pytest.raises(ValueError, match="tuning seeds"):
@@ -78,6 +79,10 @@ def test_seeds_and_selection_options(tuning_run):
             assert q.thresholds[s.arm] == expected
     with pytest.raises(ValueError, match="--selection"):
         customise(cpu, selection=str(out / "missing"))
+    pending = dataclasses.replace(cpu, selection_pending=True)  # a grid newer than the frozen selection
+    with pytest.raises(ValueError, match="--selection: preset 'cpu' has no frozen selection yet"):
+        customise(pending, seeds="10,11")
+    assert not customise(pending, selection=str(out)).selection_pending
     rc = main(["reproduce", "--preset", "cpu", "--out", str(out / "x"), "--seeds", "0,10"])
     assert rc == 2
 
@@ -202,12 +207,18 @@ def test_stop_after_control_records_the_gate_evaluates_nothing_and_never_retrain
     assert code == 1 and "1x control passed on fpa-walk 0/2 seeds" in capsys.readouterr().out
 
 
-def test_rule_control_preset_checks_the_late_rule_recipe_on_seeds_of_its_own():
-    p, cpu = get_preset("cpu-rule-control"), get_preset("cpu")
-    assert [s.arm for s in p.core] == ["fpa-walk-rule"] and p.steps // 2 <= p.core[0].train["evict_from_step"] < p.steps
-    assert len(p.seeds) >= 10 and p.control_min_pass >= 0.9 * len(p.seeds) and p.retry_steps is None
-    assert not set(p.seeds) & (set(cpu.seeds) | set(cpu.tuning_seeds))
-    assert (p.steps, p.train_len, p.model_overrides) == (cpu.steps, cpu.train_len, cpu.model_overrides)
+def test_control_presets_check_each_candidate_recipe_on_seeds_of_their_own():
+    from fpa.experiments.lm.grid import TUNING_GRID
+
+    cpu = get_preset("cpu")
+    for name, arm in (("cpu-walk-control", "fpa-walk"), ("cpu-rule-control", "fpa-walk-rule")):
+        p = get_preset(name)
+        assert [s.arm for s in p.core] == [arm] and len(p.seeds) >= 10 and p.control_min_pass >= 0.9 * len(p.seeds)
+        assert any((s.model, s.train) == (p.core[0].model, p.core[0].train) for s in TUNING_GRID if s.arm == arm)
+        assert p.retry_steps is None and not set(p.seeds) & (set(cpu.seeds) | set(cpu.tuning_seeds))
+        assert (p.steps, p.train_len, p.model_overrides) == (cpu.steps, cpu.train_len, cpu.model_overrides)
+    rule = get_preset("cpu-rule-control").core[0].train
+    assert get_preset("cpu").steps // 2 <= rule["evict_from_step"] < get_preset("cpu").steps
 
 
 def test_tuning_smoke_selects_one_configuration_and_threshold_per_arm(tuning_run):
@@ -219,7 +230,7 @@ def test_tuning_smoke_selects_one_configuration_and_threshold_per_arm(tuning_run
         assert sel["config"].startswith(arm + "[") and sel["eviction"]["threshold"] in (4.0, 16.0)
     rule = t["selected"]["fpa-walk-rule"]
     assert rule["config"].startswith("fpa-walk-rule[") and rule["training_threshold"] == 2.0 and "eviction" not in rule
-    assert "| fpa-walk[offset=none] |" in (out / "report.md").read_text() and (out / "tuning.png").is_file()
+    assert "| fpa-walk[offset=none,init=fox2] |" in (out / "report.md").read_text() and (out / "tuning.png").is_file()
     assert json.loads((out / "tuning.json").read_text())["tuning"]["selected"] == t["selected"]
 
 
@@ -295,12 +306,18 @@ def test_fpa_eval_cli_on_a_trained_model(smoke_run, tmp_path, capsys):
 
 def test_cpu_preset_freezes_the_committed_tuning_runs_choices_for_the_arms_it_tuned():
     """The frozen configurations and thresholds are the committed tuning run's output for every arm
-    it tuned, not chosen by hand (the former run had no rule-trained arm)."""
+    it tuned, not chosen by hand; while the selection is pending, --preset cpu refuses to report
+    without --selection."""
     from pathlib import Path
 
+    from fpa.experiments.lm.cli import customise
     from fpa.experiments.lm.presets import SELECTED_CPU
 
     p = PRESETS["cpu"]
+    if p.selection_pending:
+        with pytest.raises(ValueError, match="no frozen selection yet"):
+            customise(p)
+        return
     path = Path(__file__).resolve().parents[3] / p.tuning_source / "results.json"
     tuned = json.loads(path.read_text())
     assert tuned["preset"]["name"] == "cpu-tune" and tuned["tuning"]["seeds"] == list(p.tuning_seeds)

@@ -61,7 +61,15 @@ def customise(preset, seeds: str | None = None, selection: str | None = None):
             raise ValueError(f"--selection: preset {preset.name!r} has no core arms to select")
         core, thresholds = selected_specs(load_selection(selection))
         source = str(Path(selection).parent if Path(selection).is_file() else Path(selection))
-        preset = dataclasses.replace(preset, core=core, thresholds=thresholds, tuning_source=source)
+        preset = dataclasses.replace(
+            preset, core=core, thresholds=thresholds, tuning_source=source, selection_pending=False
+        )
+    elif preset.selection_pending:
+        raise ValueError(
+            f"--selection: preset {preset.name!r} has no frozen selection yet (its tuning grid changed after "
+            f"the tuning run {preset.tuning_source}); run `fpa reproduce --preset cpu-tune --out DIR` and pass "
+            "--selection DIR"
+        )
     return preset
 
 

@@ -23,51 +23,61 @@ def _spec(
     return MethodSpec(f"{name}[{label}]" if label else name, base, dict(model or {}), dict(train or {}), arm)
 
 
-_NONE = {"fpa": {"level_offset": "none"}}
-_HEAD0 = {"fpa": {"level_offset": "head", "level_offset_init": 0.0}}
-_HEAD1 = {"fpa": {"level_offset": "head", "level_offset_init": 1.0}}
 # The increment bias at which the walk starts as FoX at forget-gate bias 2: a constant step
 # tanh(b) times the initial beta softplus(0) = ln 2 equals FoX's initial decay -log sigmoid(2) =
-# 0.127 logits per token. A walk started at bias 0 has almost no positional signal (steps of
-# +-0.2 noise); on seeds 21, 26, 28 and 29 it never left the no-copy plateau in 1500 steps, where
-# FoX at bias 2 and this walk left it by step 300-700.
+# 0.127 logits per token. Started at bias 0 the walk has almost no positional signal (its steps
+# are +-0.2 of noise): on seeds 21, 26, 28 and 29 it never left the no-copy plateau in 1500 steps,
+# where FoX at bias 2 and this walk left it by step 300-700 (docs/design.md).
 FOX2_WALK_BIAS = -math.atanh(math.log1p(math.exp(-2.0)) / math.log(2.0))  # -0.1852
-_FOX2 = {"fpa": {"level_offset": "none", "walk_bias_init": FOX2_WALK_BIAS}}
-# The walk's candidate recipe, checked by `--preset cpu-walk-control` on seeds 20-29.
-WALK_FOX2 = _spec("fpa-walk", "offset=none,init=fox2", _FOX2)
-_HEAD1_SLOW = {"fpa": {"level_offset": "head", "level_offset_init": 1.0, "field_lr_multiplier": 0.1}}
 
-# The tuning grid: the same budget per core arm, 2 x 2 configurations each. FPA walk: the level
-# offset (none / per head from 1) x the field heads' learning rate (1x / 0.1x). FoX: the forget-gate
-# bias init (2 / 5) x FoX "Pro" (output gate + QK-norm; the FoX paper's Pro block also has an output
-# norm and a data-dependent token shift of keys and values, which this library does not build).
-# FPA walk trained under its rule: the offset (none / per head from 0) x the training threshold (2 / 4).
+
+def _walk(offset: str, **options: Any) -> dict[str, Any]:
+    """Model overrides of a walk started as FoX at bias 2, with level offset "none", "head0" or
+    "head1" (per head, from 0 or 1) or "token", and other FPAOptions fields."""
+    fpa: dict[str, Any] = {
+        "walk_bias_init": FOX2_WALK_BIAS,
+        "level_offset": "head" if offset.startswith("head") else offset,
+    }
+    if offset.startswith("head"):
+        fpa["level_offset_init"] = float(offset.removeprefix("head"))
+    return {"fpa": {**fpa, **options}}
+
+
+def _rule(threshold: float) -> dict[str, Any]:
+    """Training overrides of the rule-trained arm: FPAEviction(threshold) from step RULE_FROM_STEP."""
+    return {"evict_threshold": threshold, "evict_from_step": RULE_FROM_STEP}
+
+
+# The rule-trained arm trains under its rule from step 1000 of 1500, after the copy is learned:
+# under the rule from the first step, 5 of 12 tuning runs never left the no-copy plateau (a pair
+# the rule hides sends no gradient, so a needle the untrained walk hides is never learned), while
+# switched on at step 1000 the rule cost nothing in the 1x control on 10 seeds.
+RULE_FROM_STEP = 1000
+
+# The tuning grid: the same budget per core arm, 2 x 2 configurations each. FPA walk (started as
+# FoX at bias 2): the level offset (none / per head from 1) x the field heads' learning rate (1x /
+# 0.1x). FoX: the forget-gate bias init (2 / 5) x FoX "Pro" (output gate + QK-norm; the FoX paper's
+# Pro block also has an output norm and a data-dependent token shift of keys and values, which
+# this library does not build). FPA walk trained under its rule (started as FoX at bias 2, the rule
+# from step 1000): the offset (none / per head from 0) x the training threshold (2 / 4).
 TUNING_GRID = (
-    _spec("fpa-walk", "offset=none", _NONE),
-    _spec("fpa-walk", "offset=none,field_lr=0.1", {"fpa": {"level_offset": "none", "field_lr_multiplier": 0.1}}),
-    _spec("fpa-walk", "offset=head1", _HEAD1),
-    _spec("fpa-walk", "offset=head1,field_lr=0.1", _HEAD1_SLOW),
+    _spec("fpa-walk", "offset=none,init=fox2", _walk("none")),
+    _spec("fpa-walk", "offset=none,init=fox2,field_lr=0.1", _walk("none", field_lr_multiplier=0.1)),
+    _spec("fpa-walk", "offset=head1,init=fox2", _walk("head1")),
+    _spec("fpa-walk", "offset=head1,init=fox2,field_lr=0.1", _walk("head1", field_lr_multiplier=0.1)),
     _spec("fox", "bias=2", {"fox_fgate_bias_init": 2.0}),
     _spec("fox", "bias=2,pro", {"fox_fgate_bias_init": 2.0, "qk_norm": True, "output_gate": True}),
     _spec("fox", "bias=5", {"fox_fgate_bias_init": 5.0}),
     _spec("fox", "bias=5,pro", {"fox_fgate_bias_init": 5.0, "qk_norm": True, "output_gate": True}),
-    _spec("fpa-walk", "offset=none,threshold=2", _NONE, {"evict_threshold": 2.0}, RULE_ARM),
-    _spec("fpa-walk", "offset=none,threshold=4", _NONE, {"evict_threshold": 4.0}, RULE_ARM),
-    _spec("fpa-walk", "offset=head0,threshold=2", _HEAD0, {"evict_threshold": 2.0}, RULE_ARM),
-    _spec("fpa-walk", "offset=head0,threshold=4", _HEAD0, {"evict_threshold": 4.0}, RULE_ARM),
+    _spec("fpa-walk", "offset=none,init=fox2,threshold=2,from=1000", _walk("none"), _rule(2.0), RULE_ARM),
+    _spec("fpa-walk", "offset=none,init=fox2,threshold=4,from=1000", _walk("none"), _rule(4.0), RULE_ARM),
+    _spec("fpa-walk", "offset=head0,init=fox2,threshold=2,from=1000", _walk("head0"), _rule(2.0), RULE_ARM),
+    _spec("fpa-walk", "offset=head0,init=fox2,threshold=4,from=1000", _walk("head0"), _rule(4.0), RULE_ARM),
 )
 
-
-# The candidate recipe of the rule-trained arm: the rule switched on at step 1000 of 1500, after
-# the copy is learned. Trained under the rule from the first step, 5 of the 12 tuning runs never
-# left the no-copy plateau (hidden pairs send no gradient, so a needle the untrained walk hides is
-# never learned); plain FPA walk left it by step 300-700 on all 12 of its tuning runs. The head
-# offset from 0 with the rule from step 750 passed 6 of 10 controls: its 4 failures were still on
-# the plateau at step 700, before the rule. `--preset cpu-rule-control --stop-after control` checks
-# this recipe's 1x control on 10 seeds of its own, with the harsher of the grid's thresholds (2).
-RULE_LATE = _spec(
-    "fpa-walk", "offset=none,threshold=2,from=1000", _NONE, {"evict_threshold": 2.0, "evict_from_step": 1000}, RULE_ARM
-)
+# The candidate recipes that `--preset cpu-walk-control` and `--preset cpu-rule-control` check on
+# seeds 20-29 (1x control only): the grid's first configuration of the walk and of the rule arm.
+WALK_CANDIDATE, RULE_CANDIDATE = TUNING_GRID[0], TUNING_GRID[8]
 
 # FoX as the library configures it by default (bias 5) is context, beside the tuned FoX; and FoX
 # trained and served under its own threshold rule (FoXEviction(8, within_chunks=True)).
@@ -80,18 +90,18 @@ CONTEXT = (
 )
 
 # Variants studied beside the headline (`--preset cpu-ablations`), each with its seed count in
-# its own report: eviction in the training loop from step 750 only, with the head offset from 1
-# (trained under the rule, served under it), and a per-token level offset.
+# its own report: the rule-trained walk under its rule from the first step and from step 750
+# (instead of 1000), and a per-token level offset.
 ABLATIONS = (
-    _spec("fpa-walk", "offset=head1,threshold=2", _HEAD1, {"evict_threshold": 2.0}, RULE_ARM),
+    _spec("fpa-walk", "offset=none,init=fox2,threshold=2,from=0", _walk("none"), {"evict_threshold": 2.0}, RULE_ARM),
     _spec(
         "fpa-walk",
-        "offset=head1,threshold=2,from=750",
-        _HEAD1,
+        "offset=none,init=fox2,threshold=2,from=750",
+        _walk("none"),
         {"evict_threshold": 2.0, "evict_from_step": 750},
         RULE_ARM,
     ),
-    _spec("fpa-walk", "offset=token", {"fpa": {"level_offset": "token"}}),
+    _spec("fpa-walk", "offset=token,init=fox2", _walk("token")),
 )
 
 

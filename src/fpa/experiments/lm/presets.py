@@ -28,19 +28,22 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, TypedDict
 
 from fpa.checks import non_negative_int
-from fpa.experiments.lm.grid import ABLATIONS, CONTEXT, RULE_LATE, TUNING_GRID, WALK_FOX2, selected_specs
+from fpa.experiments.lm.grid import ABLATIONS, CONTEXT, RULE_CANDIDATE, TUNING_GRID, WALK_CANDIDATE, selected_specs
 from fpa.experiments.lm.methods import CORE_ARMS, RULE_ARM, MethodSpec
 
 # The selection frozen for `--preset cpu` when no `--selection` is given: per core arm, the
 # configuration label and the threshold (inference rule for fpa-walk and fox; the training rule's
-# for fpa-walk-rule, which its label also names). It is the committed tuning run's output
-# (results/tune-cpu; a test checks they agree). That run's rule-trained arm failed the 1x control
-# on 5 of its 12 runs (docs/design.md, "Where the headline stands").
+# for fpa-walk-rule, which its label also names), the tuning run's output (results/tune-cpu; a
+# test checks they agree). While SELECTION_PENDING (the grid changed after the committed tuning run:
+# the walk now starts as FoX at bias 2, the rule-trained arm trains under its rule from step 1000),
+# these are the grid's first configuration per arm, placeholders that `fpa reproduce --preset cpu`
+# refuses to report without `--selection`; the smoke and 110m presets use them as they are.
 SELECTED_CPU = {
-    "fpa-walk": ("offset=none", 4.0),
+    "fpa-walk": ("offset=none,init=fox2", 4.0),
     "fox": ("bias=2", 8.0),
-    RULE_ARM: ("offset=head0,threshold=4", 4.0),
+    RULE_ARM: ("offset=none,init=fox2,threshold=2,from=1000", 2.0),
 }
+SELECTION_PENDING = True
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,7 @@ class ReproducePreset:
     tuning: tuple[MethodSpec, ...] = ()
     tuning_seeds: tuple[int, ...] = ()
     tuning_source: str | None = None  # the tuning run this preset's selection came from
+    selection_pending: bool = False  # the frozen selection awaits a tuning run: only --selection reports
     cache_thresholds: tuple[float, ...] = (2.0, 4.0, 8.0, 16.0, 32.0)
     threshold_tolerance: float = 0.02  # smallest threshold whose validation accuracy is within this of the full cache's
     growth_lengths: tuple[int, ...] = (1024, 2048, 4096, 8192, 16384, 32768)
@@ -217,6 +221,25 @@ _SMOKE = dict(
     ),
 )
 
+
+def _control_preset(name: str, spec: MethodSpec) -> ReproducePreset:
+    """The CPU recipe's 1x control of one candidate configuration (as its own arm) on seeds 20-29,
+    gate 9 of 10."""
+    arm = spec.arm or spec.base
+    core = (MethodSpec(arm, spec.base, dict(spec.model), dict(spec.train), arm),)
+    threshold = spec.training_threshold or 4.0  # unused by the control; a reported preset needs one
+    return ReproducePreset(
+        name=name,
+        core=core,
+        thresholds={arm: threshold},
+        seeds=tuple(range(20, 30)),
+        tuning_seeds=(0, 1, 2),
+        eval_batch_size=40,
+        control_min_pass=9,
+        **_CPU,
+    )
+
+
 PRESETS = {
     # CI: every stage and file, the gate (needing 0 passes: it is measured, never met by 4 steps)
     # and the rule-trained arms, in seconds. Too small to learn anything; checks the plumbing.
@@ -238,36 +261,16 @@ PRESETS = {
         seeds=tuple(range(10, 20)),
         tuning_seeds=(0, 1, 2),
         tuning_source="results/tune-cpu",
+        selection_pending=SELECTION_PENDING,
         eval_batch_size=40,
         control_min_pass=9,
         retry_steps=2000,
         **_CPU,
     ),
-    # The 1x control of the rule-trained arm's candidate recipe (grid.RULE_LATE) on 10 seeds that are
-    # neither tuning nor reported seeds, before it enters the tuning grid: run with --stop-after control.
-    "cpu-rule-control": ReproducePreset(
-        name="cpu-rule-control",
-        core=(MethodSpec(RULE_ARM, RULE_LATE.base, dict(RULE_LATE.model), dict(RULE_LATE.train), RULE_ARM),),
-        thresholds={RULE_ARM: 2.0},
-        seeds=tuple(range(20, 30)),
-        tuning_seeds=(0, 1, 2),
-        eval_batch_size=40,
-        control_min_pass=9,
-        **_CPU,
-    ),
-    # The 1x control of the walk's candidate recipe (grid.WALK_FOX2: the walk started as FoX at bias
-    # 2) on the same 10 seeds: started at increment bias 0 the walk failed 4 of them
-    # (results/control-cpu-fpa-walk), stuck on the no-copy plateau. Run with --stop-after control.
-    "cpu-walk-control": ReproducePreset(
-        name="cpu-walk-control",
-        core=(MethodSpec("fpa-walk", WALK_FOX2.base, dict(WALK_FOX2.model), dict(WALK_FOX2.train), "fpa-walk"),),
-        thresholds={"fpa-walk": 4.0},
-        seeds=tuple(range(20, 30)),
-        tuning_seeds=(0, 1, 2),
-        eval_batch_size=40,
-        control_min_pass=9,
-        **_CPU,
-    ),
+    # The 1x control of each FPA arm's candidate recipe on 10 seeds that are neither tuning nor
+    # reported seeds (20-29), before a tuning run: run with --stop-after control.
+    "cpu-walk-control": _control_preset("cpu-walk-control", WALK_CANDIDATE),
+    "cpu-rule-control": _control_preset("cpu-rule-control", RULE_CANDIDATE),
     # The context methods, on 3 of the reported seeds, in their own folder (results/reproduce-cpu-context):
     # not tuned, not paired.
     "cpu-context": ReproducePreset(
