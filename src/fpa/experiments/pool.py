@@ -3,7 +3,8 @@
 Each task is ``(stage name, function, args)`` with a module-level ``function(*args) -> dict``
 (picklable, so it can run in a worker). Only the parent process records finished stages
 (``Stages.record``), so the state file has one writer. Workers start with the ``spawn`` method
-and ``os.cpu_count() // jobs`` torch threads each.
+and ``os.cpu_count() // jobs`` torch threads each, and exit when the parent process dies (a killed
+run leaves no worker behind).
 """
 
 from __future__ import annotations
@@ -21,10 +22,23 @@ from fpa.experiments.stages import Stages, read_json
 Task = tuple[str, Callable[..., dict], tuple]
 
 
-def _init_worker(threads: int) -> None:
+PARENT_POLL_S = 1.0  # how often a worker checks that the process that started it is alive
+
+
+def _init_worker(threads: int, parent_pid: int) -> None:
+    import threading
+
     import torch
 
     torch.set_num_threads(threads)
+    # A worker whose parent was killed would train on for minutes, holding cores, its result lost.
+    threading.Thread(target=_exit_with_parent, args=(parent_pid,), daemon=True).start()
+
+
+def _exit_with_parent(parent_pid: int) -> None:
+    while os.getppid() == parent_pid:
+        time.sleep(PARENT_POLL_S)
+    os._exit(1)
 
 
 def _timed(fn: Callable[..., dict], args: tuple) -> tuple[dict, float]:
@@ -58,7 +72,7 @@ def run_tasks(
         return out
     threads = max(1, (os.cpu_count() or 1) // jobs)
     with ProcessPoolExecutor(
-        max_workers=jobs, mp_context=get_context("spawn"), initializer=_init_worker, initargs=(threads,)
+        max_workers=jobs, mp_context=get_context("spawn"), initializer=_init_worker, initargs=(threads, os.getpid())
     ) as ex:
         futures = {ex.submit(_timed, fn, args): name for name, fn, args in todo}
         pending = set(futures)
