@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = '''
+SCRIPT = """
 import os, sys, time
 from pathlib import Path
 from fpa.experiments.pool import run_tasks
@@ -24,7 +24,7 @@ if __name__ == "__main__":
     d = Path(sys.argv[1])
     tasks = [(n, sleeper, (str(d / f"{n}.pid"),)) for n in ("a", "b")]
     run_tasks(Stages(d / "stages", log=lambda m: None), tasks, jobs=2, progress=False)
-'''
+"""
 
 
 def _alive(pid: int) -> bool:
