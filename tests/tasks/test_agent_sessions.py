@@ -296,3 +296,18 @@ def test_min_length_is_exact():
 def test_filler_holds_no_tool_name_and_no_digit():
     assert not FILLER_WORDS & set(TOOLS)
     assert not any(ch.isdigit() for w in FILLER_WORDS for ch in w)
+
+
+def test_sessions_with_copy_draw_copy_lines_at_their_share():
+    from fpa.tasks import TASK_PROBES, get_mixer
+    from fpa.tasks.agent_sessions import session_or_copy_sample
+    from fpa.tasks.copy import COPY_SHARE
+
+    assert get_mixer("agent-sessions+copy") is session_or_copy_sample and "agent-sessions+copy" in TASK_PROBES
+    n, copies = 300, 0
+    for i in range(n):
+        ids = session_or_copy_sample(np.random.default_rng([9, i]), 320, ByteTokenizer())
+        assert ids.shape == (321,)
+        copies += "q: " not in bytes(ids.tolist()).decode()
+    # binomial(300, 1/3): sd 8.2; 4 sd either side
+    assert abs(copies - n * COPY_SHARE) < 4 * (n * COPY_SHARE * (1 - COPY_SHARE)) ** 0.5

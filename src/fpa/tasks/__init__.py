@@ -11,6 +11,7 @@ TASK_MIXERS = {
     "copy": "fpa.tasks.copy:copy_training_sample",
     "passkey+copy": "fpa.tasks.copy:passkey_or_copy_sample",
     "agent-sessions": "fpa.tasks.agent_sessions:session_training_sample",
+    "agent-sessions+copy": "fpa.tasks.agent_sessions:session_or_copy_sample",
 }
 
 # Task probes: "module:function" with f(model, tokenizer, seq_len, device=...) -> float, a loss on
@@ -19,6 +20,7 @@ TASK_PROBES = {
     "passkey": "fpa.tasks.passkey:answer_loss",
     "passkey+copy": "fpa.tasks.passkey:answer_loss",
     "agent-sessions": "fpa.tasks.agent_sessions:answer_loss",
+    "agent-sessions+copy": "fpa.tasks.agent_sessions:answer_loss",
 }
 
 

@@ -408,6 +408,15 @@ def session_training_sample(rng: np.random.Generator, seq_len: int, tokenizer) -
     return training_sample_with_answer(rng, seq_len, tokenizer)[0]
 
 
+def session_or_copy_sample(rng: np.random.Generator, seq_len: int, tokenizer) -> np.ndarray:
+    """TASK_MIXERS["agent-sessions+copy"]: (seq_len + 1,) int64 byte ids, copy lines "S is S. "
+    with probability fpa.tasks.copy.COPY_SHARE, else a session sample (``session_training_sample``):
+    a dense signal for the copying an ``open_arg`` answer needs."""
+    from fpa.tasks.copy import copy_or
+
+    return copy_or(session_training_sample, rng, seq_len, tokenizer)
+
+
 def answer_loss(model, tokenizer, seq_len: int, n: int = 32, seed: int = 20261205, device=None) -> float:
     """Mean next-token loss on the answer bytes (not the newline) of ``n`` fixed training samples
     of ``seq_len`` tokens (seeds ``[seed, i]``), all kinds pooled: the task's learning curve."""

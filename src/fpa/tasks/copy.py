@@ -8,6 +8,8 @@ the mixer of the ``cpu-copy`` preset: a passkey sample or a copy sample, the sam
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from fpa.checks import positive_int
@@ -38,10 +40,16 @@ def copy_training_sample(rng: np.random.Generator, seq_len: int, tokenizer) -> n
     return np.concatenate(parts)[: seq_len + 1]
 
 
+def copy_or(sample: Callable[..., np.ndarray], rng: np.random.Generator, seq_len: int, tokenizer) -> np.ndarray:
+    """(seq_len + 1,) int64 ids: with probability COPY_SHARE a copy sample, else
+    ``sample(rng, seq_len, tokenizer)`` (another task's mixer)."""
+    if rng.random() < COPY_SHARE:
+        return copy_training_sample(rng, seq_len, tokenizer)
+    return sample(rng, seq_len, tokenizer)
+
+
 def passkey_or_copy_sample(rng: np.random.Generator, seq_len: int, tokenizer) -> np.ndarray:
     """(seq_len + 1,) int64 ids: with probability COPY_SHARE a copy sample, else a passkey training
     sample (TASK_MIXERS["passkey+copy"]). At mix rate r, a share r * COPY_SHARE of the training
     sequences are copy lines and r * (1 - COPY_SHARE) passkey prompts."""
-    if rng.random() < COPY_SHARE:
-        return copy_training_sample(rng, seq_len, tokenizer)
-    return passkey_training_sample(rng, seq_len, tokenizer)
+    return copy_or(passkey_training_sample, rng, seq_len, tokenizer)

@@ -38,6 +38,7 @@ SMOKE = PRESETS["smoke"]
         ("evict_from_step", -1),
         ("evict_from_step", 3),  # SMOKE trains 3 steps: the rule would never switch on
         ("evict_from_step", 1.5),
+        ("mix_task", "passkey"),  # not a session mixer
     ],
 )
 def test_a_bad_field_is_named(field, value):
@@ -85,3 +86,10 @@ def test_help_lists_every_preset_with_its_time(capsys):
     for name in PRESETS:
         assert f"  {name}: " in text
     assert f"~{estimate_minutes(PRESETS['cpu']):.0f} min" in text and "smoke: < 1 min" in text
+
+
+def test_the_mix_task_reaches_the_trainer():
+    from fpa.experiments.agent.workers import train_config
+
+    p = dataclasses.replace(SMOKE, mix_task="agent-sessions+copy")
+    assert train_config(p, "fox", 0, "/tmp/x", "/tmp/d", progress=False).mix_task == "agent-sessions+copy"

@@ -4,7 +4,7 @@ they decode, and every budget.
 Two arms, each trained on ``seeds`` (a seed fixes the initialisation and the data order, the
 same for both arms): ``fpa-walk-rule``, an FPA walk with a per-token level offset trained under
 its own eviction rule (FPAEviction(``threshold``, within chunks) in the training loop) and always
-served under it; ``fox``, FoX trained as usual. The training stream is agent sessions only
+served under it; ``fox``, FoX trained as usual. The training stream is agent sessions (``mix_task``)
 (``fpa.tasks.agent_sessions``, TRAIN_SPEC's shape at ``seq_len`` bytes: ``mix_rate`` 1).
 
 Decoding methods: on the FPA model its rule (``fpa-rule``); on the FoX model the full cache
@@ -30,6 +30,7 @@ OWN_METHODS = {FPA_ARM: ("fpa-rule",), FOX_ARM: ("full", "fox-rule")}
 BUDGET_METHODS = ("window", "streamingllm", "tova", "h2o")  # on the FoX model, at FPA's memory
 METHODS = ("fpa-rule", "full", "fox-rule") + BUDGET_METHODS
 ARM_OF = {m: (FPA_ARM if m == "fpa-rule" else FOX_ARM) for m in METHODS}
+MIX_TASKS = ("agent-sessions", "agent-sessions+copy")  # fpa.tasks.TASK_MIXERS of session samples
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,9 @@ class AgentPreset:
     FPA arm trains under its rule from step ``evict_from_step`` on (before it, attention as usual:
     trained under the rule from the first step, a model whose untrained walk hides the keys an
     answer needs gets no gradient to keep them).
-    The trainer also needs a text corpus (``data_source``, at most ``corpus_max_bytes``): its
+    ``mix_task``: "agent-sessions" (sessions only) or "agent-sessions+copy" (a third of the
+    sequences copy lines "S is S. ", the copying skill an ``open_arg`` answer needs, as in the
+    headline recipe). The trainer also needs a text corpus (``data_source``, at most ``corpus_max_bytes``): its
     held-out loss is logged, never trained on at ``mix_rate`` 1.
 
     Control (the 1x check, per seed): ``control_sessions`` held-out sessions at the training
@@ -75,6 +78,7 @@ class AgentPreset:
     data_source: str = "stdlib"
     corpus_max_bytes: int = 300_000
     mix_rate: float = 1.0
+    mix_task: str = "agent-sessions"
     depth: int = 4
     control_min: float = 0.9
     control_seed: int = 1000
@@ -97,6 +101,8 @@ class AgentPreset:
                 f"preset {self.name!r}: sessions must give >= 1 session per length "
                 f"({len(self.lengths)} lengths), got {self.sessions!r}"
             )
+        if self.mix_task not in MIX_TASKS:
+            raise ValueError(f"preset {self.name!r}: mix_task must be one of {MIX_TASKS}, got {self.mix_task!r}")
         if not 0 < self.control_min <= 1:
             raise ValueError(f"preset {self.name!r}: control_min must be in (0, 1], got {self.control_min!r}")
         shortest = min_length(SessionSpec(depth=self.depth, length=1 << 30))  # it depends on the depth only

@@ -40,7 +40,7 @@ def train_config(p: AgentPreset, arm: str, seed: int, out_dir: str | Path, data_
         eval_batches=1,
         log_every=max(1, p.steps // 20),
         device=p.device,
-        mix_task="agent-sessions",
+        mix_task=p.mix_task,
         mix_rate=p.mix_rate,
         progress=progress,
         evict_threshold=p.threshold if fpa else None,
