@@ -14,7 +14,7 @@ def test_every_walk_of_the_grid_starts_with_foxs_initial_decay():
     bias at bias 2: (i - j) * log sigmoid(2)."""
     fox_decay = -math.log(1.0 / (1.0 + math.exp(-2.0)))  # -log sigmoid(2), per token
     walks = [s for s in TUNING_GRID if s.base == "fpa-walk"]
-    assert len(walks) == 8 and all(s.model["fpa"]["walk_bias_init"] == FOX2_WALK_BIAS for s in walks)
+    assert len(walks) == 4 and all(s.model["fpa"]["walk_bias_init"] == FOX2_WALK_BIAS for s in walks)
     for s in walks:
         opts = {**s.model["fpa"], "field_init_std": 0.0, "level_offset": "none"}  # the offset is apart
         layer = FirstPassageAttention(16, 2, options=opts)

@@ -36,7 +36,7 @@ def test_runs_are_the_presets_configurations_on_their_seeds():
         ("fpa-free", 5),
         ("fox-rule[bias=2,threshold=8]", 5),
     ]
-    assert run_id(runs_of(get_preset("cpu-tune"))[3]) == "fpa-walk-offsethead1-initfox2-field_lr0.1-s0"
+    assert run_id(runs_of(get_preset("cpu-tune"))[3]) == "fox-bias5-s0"
     with pytest.raises(ValueError, match="methods must name"):
         runs_of(p, ("fpa", "fox"))
 
