@@ -62,3 +62,19 @@ def test_workers_exit_when_the_parent_is_killed(tmp_path):
                     os.kill(int(p.read_text()), signal.SIGKILL)
                 except ProcessLookupError:
                     pass
+
+
+def _two_stages(tag: str) -> dict:
+    return {f"first-{tag}": {"output": {"tag": tag}, "seconds": 0.5}, f"second-{tag}": {"output": {}, "seconds": 1.0}}
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_a_unit_records_every_stage_it_returns(tmp_path, jobs):
+    from fpa.experiments.pool import run_units
+    from fpa.experiments.stages import Stages
+
+    st = Stages(tmp_path, log=lambda m: None)
+    run_units(st, [("u1", _two_stages, ("x",)), ("u2", _two_stages, ("y",))], jobs=jobs, progress=False)
+    assert sorted(st.state["done"]) == ["first-x", "first-y", "second-x", "second-y"]
+    assert st.seconds()["second-y"] == 1.0
+    assert (tmp_path / "stages" / "first-x.json").read_text().strip().startswith("{")

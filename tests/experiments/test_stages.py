@@ -56,3 +56,13 @@ def test_stage_lines_go_through_tqdm_write(tmp_path, monkeypatch, capsys):
     import inspect
 
     assert inspect.signature(reproduce).parameters["log"].default is inspect.signature(Stages).parameters["log"].default
+
+
+def test_discarded_stages_are_no_longer_done_and_their_outputs_are_gone(tmp_path):
+    st = Stages(tmp_path, log=lambda m: None)
+    for name in ("a", "b"):
+        st.run(name, lambda: {"x": 1})
+    st.discard(["a"])
+    again = Stages(tmp_path, log=lambda m: None)
+    assert not again.done("a") and again.done("b") and not again.output_path("a").exists()
+    assert "a" not in again.state["seconds"] and "a" not in again.state["stamps"]

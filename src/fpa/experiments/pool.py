@@ -9,7 +9,6 @@ run leaves no worker behind).
 
 from __future__ import annotations
 
-import functools
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -58,18 +57,50 @@ def run_tasks(
         raise ValueError(f"stage names must be unique, got duplicates in {names}")
     out = {name: read_json(stages.output_path(name)) for name, _, _ in tasks if stages.done(name)}
     todo = [t for t in tasks if t[0] not in out]
+
+    def record(name: str, result: tuple[dict, float]) -> None:
+        out[name] = stages.record(name, *result)
+
+    _execute(todo, jobs, progress, desc, record, stages.log)
+    return out
+
+
+def run_units(stages: Stages, units: Sequence[Task], jobs: int = 1, progress: bool = True, desc: str = "units") -> None:
+    """Run units of several stages each, ``jobs`` at a time (``jobs`` = 1: in this process): a
+    unit's function returns {stage name: {"output": dict, "seconds": float}}, and every stage it
+    returns is recorded when the unit ends (the caller chooses which units still need to run)."""
+    positive_int("jobs", jobs)
+
+    def record(label: str, result: tuple[dict, float]) -> None:
+        for name, r in result[0].items():
+            stages.record(name, r["output"], r["seconds"])
+
+    _execute(list(units), jobs, progress, desc, record, stages.log)
+
+
+def _execute(
+    todo: list[Task],
+    jobs: int,
+    progress: bool,
+    desc: str,
+    on_result: Callable[[str, tuple[dict, float]], None],
+    log: Callable[[str], None],
+) -> None:
+    """Call every task's function, ``jobs`` at a time, passing (its name, (output, seconds)) to
+    ``on_result`` in this process as each ends; a failure cancels what has not started."""
     if not todo:
-        return out
+        return
     from tqdm.auto import tqdm
 
     bar = tqdm(total=len(todo), desc=desc, disable=not progress, dynamic_ncols=True)
     if jobs == 1:
         for name, fn, args in todo:
             bar.set_postfix_str(name)
-            out[name] = stages.run(name, functools.partial(fn, *args))
+            log(f"[stage] {name} ...")
+            on_result(name, _timed(fn, args))
             bar.update(1)
         bar.close()
-        return out
+        return
     threads = max(1, (os.cpu_count() or 1) // jobs)
     with ProcessPoolExecutor(
         max_workers=jobs, mp_context=get_context("spawn"), initializer=_init_worker, initargs=(threads, os.getpid())
@@ -85,8 +116,6 @@ def run_tasks(
                         p.cancel()
                     bar.close()
                     raise RuntimeError(f"stage {name} failed: {f.exception()!r}") from f.exception()
-                result, seconds = f.result()
-                out[name] = stages.record(name, result, seconds)
+                on_result(name, f.result())
                 bar.update(1)
     bar.close()
-    return out

@@ -66,6 +66,17 @@ class Stages:
         out = fn()
         return self.record(name, out, time.perf_counter() - t0)
 
+    def discard(self, names: list[str]) -> None:
+        """Forget the stages ``names``: their outputs are deleted and they are no longer done."""
+        if not self.write:
+            return
+        for name in names:
+            self.output_path(name).unlink(missing_ok=True)
+            for key in ("seconds", "stamps"):
+                self.state[key].pop(name, None)
+        self.state["done"] = [n for n in self.state["done"] if n not in set(names)]
+        write_json(self.state_path, self.state)
+
     def record(self, name: str, out: dict, seconds: float) -> dict:
         """Save the output of stage ``name`` (computed elsewhere, e.g. in a worker process) and mark
         it done; returns ``out``."""

@@ -245,7 +245,31 @@ def test_smoke_resumes_without_redoing_finished_stages(smoke_run):
     state["done"].remove("passkey-fox-s6")
     (out / "state.json").write_text(json.dumps(state))
     reproduce(get_preset("smoke"), out, progress=False, log=logs.append)
-    assert [m for m in logs if m.endswith("...")] == ["[stage] passkey-fox-s6 ..."]
+    assert [m for m in logs if m.endswith("...")] == ["[stage] fox-s6: passkey ..."]
+
+
+def test_a_run_resumes_on_another_machine_from_its_recorded_stages(smoke_run):
+    """The trained models are not in the folder a new machine gets: a run whose stages are all
+    recorded is not redone; one with a stage missing is redone whole, training included, so that
+    all its stages come from one model."""
+    import shutil
+
+    out = smoke_run[0]
+    shutil.rmtree(out / "models")
+    state = json.loads((out / "state.json").read_text())
+    state["done"].remove("evict-fpa-walk-s5")
+    (out / "state.json").write_text(json.dumps(state))
+    before = {n: (out / "stages" / f"{n}.json").read_text() for n in ("train-fox-s5", "loss-fpa-walk-s5")}
+    logs = []
+    res = reproduce(get_preset("smoke"), out, progress=False, log=logs.append)
+    assert [m for m in logs if m.endswith("...")] == [
+        "[stage] fpa-walk-s5: train, control, loss, passkey, evict, growth, diagnose ..."
+    ]
+    assert (out / "stages" / "train-fox-s5.json").read_text() == before["train-fox-s5"]
+    assert json.loads((out / "state.json").read_text())["done"][-1] == "diagnose-fpa-walk-s5"
+    assert (out / "models" / "fpa-walk-s5" / "model" / "training.json").is_file()
+    assert not (out / "models" / "fox-s5").exists()
+    assert res["methods"].keys() == smoke_run[1]["methods"].keys()
 
 
 def test_stages_from_another_commit_are_refused(smoke_run):

@@ -14,14 +14,12 @@ has hidden from the last query get no attention mass (the rest renormalised).
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 
 import numpy as np
 import torch
 
 from fpa.experiments.lm.presets import ReproducePreset
-from fpa.experiments.stages import Stages
 
 FORGET_MARGIN = 1.0
 MAX_PROMPTS = 8  # failing prompts inspected per seed
@@ -90,34 +88,37 @@ def diagnose_seed(model_dir: str, p_dict: dict, failing_cells: list[int]) -> dic
     return {"prompts": rows, "forgetting": causes.count("forgetting"), "dilution": causes.count("dilution")}
 
 
-def diagnose_misses(
-    p: ReproducePreset,
-    runs: list[dict],
-    evaluated: dict,
-    stages: Stages,
-    model_dir: dict,
-    run_id: Callable[[dict], str],
-) -> dict:
-    """{run id: diagnosis} for every core FPA walk run (either walk arm) that passes the 1x control
-    and is below 100% at 8x, as served (stages ``diagnose-<run>``)."""
+def failing_cells(p: ReproducePreset, grid: dict) -> tuple[list[int], str | None]:
+    """(the 8x cells, as depth indices, where a model's passkey ``grid`` misses; why there is
+    nothing to diagnose, or None): a model that never learned the task at 1x is not diagnosed, its
+    8x miss says nothing about extrapolation."""
     from fpa.experiments.lm.methods import CONTROL
 
     if 8 not in p.passkey_multiples or 1 not in p.passkey_multiples:
-        return {}
+        return [], "the preset evaluates no 1x and 8x lengths"
     i1, i8 = list(p.passkey_multiples).index(1), list(p.passkey_multiples).index(8)
+    if sum(grid["correct"][i1]) < CONTROL * p.trials * len(p.depths):
+        return [], "below the 1x control"
+    failing = [j for j, c in enumerate(grid["correct"][i8]) if c < p.trials]
+    return failing, None if failing else "perfect at 8x"
+
+
+def diagnose_run(model_dir: str, p_dict: dict, grid: dict) -> dict:
+    """Worker entry point: the diagnosis of one FPA walk model from its passkey ``grid`` (as
+    served), or {"skipped": why} when it is below the 1x control or perfect at 8x."""
+    failing, skipped = failing_cells(ReproducePreset.from_dict(p_dict), grid)
+    if skipped is not None:
+        return {"skipped": skipped}
+    return diagnose_seed(model_dir, p_dict, failing)
+
+
+def collect_diagnosis(runs: list[dict], outputs: dict, run_id: Callable[[dict], str]) -> dict:
+    """{run id: diagnosis with its "seed" and "method"} for every run whose ``diagnose-<run>``
+    stage output (in ``outputs``) is a diagnosis, not a skip."""
     out = {}
     for r in runs:
-        if r["role"] != "core" or r["spec"].base != "fpa-walk":
-            continue
-        grid = evaluated[f"passkey-{run_id(r)}"]
-        if sum(grid["correct"][i1]) < CONTROL * p.trials * len(p.depths):
-            continue  # never learned the task at 1x: its 8x miss says nothing about extrapolation
-        failing = [j for j, c in enumerate(grid["correct"][i8]) if c < p.trials]
-        if failing:
-            rid = run_id(r)
-            out[rid] = stages.run(
-                f"diagnose-{rid}", functools.partial(diagnose_seed, model_dir[rid], p.to_dict(), failing)
-            )
-            out[rid]["seed"] = r["seed"]
-            out[rid]["method"] = r["spec"].name
+        rid = run_id(r)
+        d = outputs.get(f"diagnose-{rid}")
+        if d is not None and "skipped" not in d:
+            out[rid] = {**d, "seed": r["seed"], "method": r["spec"].name}
     return out

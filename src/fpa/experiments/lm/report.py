@@ -157,7 +157,10 @@ def gate_markdown(results: dict) -> str:
         title = "stopped after the 1x controls"
         verdict = f"{'it did' if g['passed'] else 'it did not'}; the run was stopped there (`--stop-after control`)"
     else:
-        title, verdict = "stopped by the 1x control gate", "it did not, so nothing was evaluated"
+        title, verdict = (
+            "stopped by the 1x control gate",
+            ("it did not, so nothing else is reported (the evaluations made with the controls were discarded unread)"),
+        )
     lines = [
         f"# Reproduction: `{p['name']}`, {title}",
         "",

@@ -1,22 +1,25 @@
 """``fpa reproduce``: train every configuration of a preset on its seeds, evaluate, report.
 
-Stages (each resumable, fpa.experiments.stages): ``config``, ``data``, ``train-<run>`` (the trainer
-resumes from its own checkpoints), then, in a reported preset, ``control-<run>`` for every core run
-(the 1x control as served: the gate, ``control_gate``), then per trained model
-``loss-``/``passkey-<run>`` (plus ``evict-``/``growth-<run>`` for the core arms), or in a tuning
-preset ``validation-<run>`` (then ``sweep-<run>`` on the selected configurations' models).
-``diagnose-<run>`` for every FPA walk seed (either walk arm) that passes the control and misses at
-8x. A model trained under a threshold rule is scored under it in every stage
-(fpa.experiments.lm.train_eval.served_rule). results.json, report.md and the PNGs are rewritten from
-the stage outputs at the end.
+Stages (each resumable, fpa.experiments.stages): ``config``, ``data``, then one unit of work per
+run (fpa.experiments.lm.units): ``train-<run>`` (the trainer resumes from its own checkpoints),
+then every evaluation of the model it trained: in a reported preset ``control-<run>`` for a core
+run (the 1x control as served), ``loss-``/``passkey-<run>``, ``evict-``/``growth-<run>`` for the
+core arms and ``diagnose-<run>`` for every core FPA walk run (either walk arm); in a tuning preset
+``validation-<run>`` (then ``sweep-<run>`` on the selected configurations' models). A model
+trained under a threshold rule is scored under it in every stage
+(fpa.experiments.lm.train_eval.served_rule). Because a unit evaluates its model before the next
+run starts, a run interrupted on one machine resumes on another from the recorded stages alone,
+redoing only the units in flight. results.json, report.md and the PNGs are rewritten from the stage
+outputs at the end.
 
-The gate: if a core arm passes the 1x control on fewer than ``control_min_pass`` seeds, nothing is
-evaluated; the folder gets a report of the controls, and with ``retry_steps`` the preset is trained
-again at that many steps, nothing else changed, in the sibling folder ``<out>-steps<N>``, whose
-report names the failed attempt. ``jobs`` > 1 runs independent stages in that many worker processes
-(fpa.experiments.pool). Under torchrun (WORLD_SIZE > 1) every rank trains; rank 0 alone evaluates.
-Every recorded stage carries the commit of the code that produced it; stages from different
-commits are refused at aggregation.
+The gate: if a core arm passes the 1x control on fewer than ``control_min_pass`` seeds, nothing but
+the training and the controls is reported: the evaluations the units made are discarded unread (the
+gate is decided by the controls alone); the folder gets a report of the controls, and with
+``retry_steps`` the preset is trained again at that many steps, nothing else changed, in the
+sibling folder ``<out>-steps<N>``, whose report names the failed attempt. ``jobs`` > 1 runs units
+in that many worker processes (fpa.experiments.pool). Under torchrun (WORLD_SIZE > 1) every rank
+trains every run first; rank 0 alone evaluates. Every recorded stage carries the commit of the code
+that produced it; stages from different commits are refused at aggregation.
 """
 
 from __future__ import annotations
@@ -30,9 +33,10 @@ from pathlib import Path
 from fpa.checks import positive_int
 from fpa.compat import hf_progress_bars
 from fpa.data.atomic import atomic_write_text
-from fpa.experiments.lm.methods import CONTROL, CORE_ARMS, MethodSpec
+from fpa.experiments.lm.methods import CONTROL, MethodSpec
 from fpa.experiments.lm.presets import ReproducePreset
 from fpa.experiments.lm.train_eval import eval_stage, train_stage
+from fpa.experiments.lm.units import pending_plan, run_unit, unit_plan
 from fpa.experiments.provenance import code_state, command_line
 from fpa.experiments.stages import Stages, read_json
 from fpa.train.progress import console_line
@@ -145,7 +149,7 @@ def _reproduce(
     retry_of: dict | None,
 ) -> dict:
     from fpa.data import prepare_corpus
-    from fpa.experiments.pool import run_tasks
+    from fpa.experiments.pool import run_tasks, run_units
 
     if stop_after not in STOP_AFTER:
         raise ValueError(f"stop_after must be None or one of {STOP_AFTER[1:]}, got {stop_after!r}")
@@ -173,19 +177,26 @@ def _reproduce(
     else:
         _wait_for(stages, "data")
     quiet = progress and jobs == 1
-    train_tasks = [
-        (
-            f"train-{run_id(r)}",
-            train_stage,
-            (_train_config(p, out / "models" / run_id(r), data_dir, r, quiet).to_dict(),),
-        )
-        for r in runs
-    ]
-    trained = run_tasks(stages, train_tasks, jobs, progress, desc="train")
-    if not _is_main() or stop_after == "train":
-        return {}
+    train_cfg = {run_id(r): _train_config(p, out / "models" / run_id(r), data_dir, r, quiet).to_dict() for r in runs}
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 or stop_after == "train":  # every rank trains; rank 0 goes on
+        trains = [(f"train-{rid}", train_stage, (c,)) for rid, c in train_cfg.items()]
+        run_tasks(stages, trains, jobs, progress, "train")
+        if not _is_main() or stop_after == "train":
+            return {}
     model_dir = {run_id(r): str(out / "models" / run_id(r) / "model") for r in runs}
     p_dict, data = p.to_dict(), str(data_dir)
+    phase = "tuning" if p.is_tuning else "control" if stop_after == "control" else "report"
+    plans = {run_id(r): unit_plan(p, r, run_id(r), phase) for r in runs}
+    units = []
+    for r in runs:
+        rid = run_id(r)
+        steps = pending_plan(stages, plans[rid], model_dir[rid])
+        if steps:
+            args = (steps, train_cfg[rid], p_dict, model_dir[rid], data, r["spec"].attention, str(out / "stages"))
+            units.append((f"{rid}: {', '.join(kind for _, kind, _ in steps)}", run_unit, args))
+    run_units(stages, units, jobs, progress, desc="runs")
+    outputs = {name: read_json(stages.output_path(name)) for plan in plans.values() for name, _, _ in plan}
+    trained = {n: o for n, o in outputs.items() if n.startswith("train-")}
 
     def task(kind: str, r: dict, threshold: float | None = None):
         args = (kind, p_dict, model_dir[run_id(r)], data, r["spec"].attention, threshold)
@@ -194,31 +205,23 @@ def _reproduce(
     gate = None
     if not p.is_tuning and any(r["role"] == "core" for r in runs):
         core = [r for r in runs if r["role"] == "core"]
-        controls = run_tasks(stages, [task("control", r) for r in core], jobs, progress, desc="control")
-        gate = control_gate(p, core, controls, run_id)
+        gate = control_gate(p, core, outputs, run_id)
         if stop_after == "control":  # recorded whatever the gate says; no evaluation, no retrain
             return _gate_results(p, "control", gate, None, None, stages, command, t_start)
         if not gate["passed"]:
+            kept = ("train-", "control-")
+            stages.discard([n for n in outputs if not n.startswith(kept)])  # evaluated with the control, unread
             return _gate_failed(p, out, gate, stages, command, t_start, retry_of, methods, log, jobs, progress)
     if p.is_tuning:
-        evaluated = run_tasks(stages, [task("validation", r) for r in runs], jobs, progress, desc="validate")
         from fpa.experiments.lm.tuning import finish_tuning
 
-        results = finish_tuning(p, runs, trained, evaluated, stages, jobs, progress, task, run_id)
+        results = finish_tuning(p, runs, trained, outputs, stages, jobs, progress, task, run_id)
     else:
-        tasks = [task(k, r) for r in runs for k in ("loss", "passkey")]
-        tasks += [
-            task(k, r, p.thresholds[r["spec"].name])
-            for r in runs
-            if r["role"] == "core" and r["spec"].arm in CORE_ARMS
-            for k in ("evict", "growth")
-        ]
-        evaluated = run_tasks(stages, tasks, jobs, progress, desc="evaluate")
         from fpa.experiments.lm.aggregate import aggregate
-        from fpa.experiments.lm.diagnosis import diagnose_misses
+        from fpa.experiments.lm.diagnosis import collect_diagnosis
 
-        results = aggregate(p, runs, trained, evaluated, run_id, lambda n: stages.stamp_of(n).get("commit"))
-        results["diagnosis"] = diagnose_misses(p, runs, evaluated, stages, model_dir, run_id)
+        results = aggregate(p, runs, trained, outputs, run_id, lambda n: stages.stamp_of(n).get("commit"))
+        results["diagnosis"] = collect_diagnosis(runs, outputs, run_id)
         results["gate"], results["retry_of"] = gate, retry_of
     results["provenance"] = provenance(stages, command, t_start)
     from fpa.experiments.lm.report import write_report
@@ -276,7 +279,7 @@ def _gate_failed(p, out: Path, gate: dict, stages: Stages, command, t_start, ret
 
     log(
         f"[gate] the 1x control (>= {CONTROL:.0%} at the training length) passed on {gate_summary(gate)} seeds at "
-        f"{p.steps} steps; {p.control_min_pass} needed per core arm: nothing evaluated"
+        f"{p.steps} steps; {p.control_min_pass} needed per core arm: nothing but the controls is reported"
     )
     retry = None
     if p.retry_steps is not None:

@@ -133,6 +133,13 @@ def eval_stage(
     """
     if kind not in EVAL_KINDS:
         raise ValueError(f"kind must be one of {EVAL_KINDS}, got {kind!r}")
+    from fpa.experiments.lm.units import model_ready
+
+    if not model_ready(model_dir):
+        raise FileNotFoundError(
+            f"stage {kind!r} needs the trained model in {model_dir}, which is not there (trained on another "
+            "machine?); delete its run's train stage from state.json to train it again"
+        )
     p = ReproducePreset.from_dict(p_dict)
     model, tok = load_model(Path(model_dir), p.device)
     serve = served_rule(model_dir)
