@@ -6,9 +6,14 @@ from pathlib import Path
 
 from fpa.experiments.lm.presets import PRESETS, ReproducePreset
 
-SECONDS_PER_STEP = 0.16  # one model, one core (`--jobs 2` on 2 cores): the committed runs' training
-EVAL_SECONDS_PER_RUN = 60.0  # a run's evaluation stages at the CPU recipe (one core)
-RULE_STEP_FACTOR = 1.1  # a step under the rule / a plain step (measured: benchmarks/results/train-throughput-cpu.md)
+# Measured in the committed tuning run (results/tune-cpu; 2 AMD EPYC cores without AVX-512, `--jobs
+# 2`): 457-499 s per 1500-step plain run, the rule-trained runs 524-587 s with the rule on for the
+# last 500 steps; an earlier machine trained at half these times. Evaluation: 30-37 s for a
+# validation stage, 128-136 s for a threshold sweep; a reported core run's stages (control, loss,
+# passkey, evict with its window, growth, diagnose) are guessed at about 2 minutes.
+SECONDS_PER_STEP = 0.32  # one model, one core (`--jobs 2` on 2 cores), evaluations during training included
+EVAL_SECONDS_PER_RUN = 120.0  # a run's evaluation stages at the CPU recipe (one core)
+RULE_STEP_FACTOR = 1.35  # a step under the rule / a plain step, in the same run
 
 
 def estimate_minutes(p: ReproducePreset, jobs: int = 2) -> float:
@@ -109,8 +114,8 @@ def times_text() -> str:
         if p.device == "cpu"
     ]
     return (
-        "expected wall time with --jobs 2 on 2 CPU cores (the committed runs' ~0.16 s per step and\n"
-        "model, one core each, plus ~1 min of evaluation per model; a retrain after a failed gate\n"
+        "expected wall time with --jobs 2 on 2 CPU cores (the committed tuning run's ~0.32 s per step\n"
+        "and model, one core each, plus ~2 min of evaluation per model; a retrain after a failed gate\n"
         "adds the preset's time again at the retry's steps):\n"
         + "\n".join(rows)
         + "\n  110m: GPU node (docs/reproduce.md)"

@@ -34,16 +34,14 @@ from fpa.experiments.lm.methods import CORE_ARMS, RULE_ARM, MethodSpec
 # The selection frozen for `--preset cpu` when no `--selection` is given: per core arm, the
 # configuration label and the threshold (inference rule for fpa-walk and fox; the training rule's
 # for fpa-walk-rule, which its label also names), the tuning run's output (results/tune-cpu; a
-# test checks they agree). While SELECTION_PENDING (the grid changed after the committed tuning run:
-# the walk now starts as FoX at bias 2, the rule-trained arm trains under its rule from step 1000),
-# these are the grid's first configuration per arm, placeholders that `fpa reproduce --preset cpu`
-# refuses to report without `--selection`; the smoke and 110m presets use them as they are.
+# test checks they agree). SELECTION_PENDING: set when the grid changes after the committed tuning
+# run, so that `fpa reproduce --preset cpu` refuses to report a selection the grid never made.
 SELECTED_CPU = {
     "fpa-walk": ("offset=none,init=fox2", 4.0),
     "fox": ("bias=2", 8.0),
     RULE_ARM: ("offset=none,init=fox2,threshold=2,from=1000", 2.0),
 }
-SELECTION_PENDING = True
+SELECTION_PENDING = False
 
 
 @dataclass(frozen=True)
