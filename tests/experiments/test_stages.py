@@ -66,3 +66,15 @@ def test_discarded_stages_are_no_longer_done_and_their_outputs_are_gone(tmp_path
     again = Stages(tmp_path, log=lambda m: None)
     assert not again.done("a") and again.done("b") and not again.output_path("a").exists()
     assert "a" not in again.state["seconds"] and "a" not in again.state["stamps"]
+
+
+def test_wall_time_is_counted_as_stages_are_recorded_so_a_killed_call_keeps_it(tmp_path, monkeypatch):
+    import fpa.experiments.stages as stages_module
+
+    clock = iter([100.0, 130.0, 200.0, 205.0])  # start, a stage recorded, (killed); a new call, its end
+    monkeypatch.setattr(stages_module.time, "time", lambda: next(clock))
+    first = Stages(tmp_path, log=lambda m: None)
+    first.record("a", {}, 30.0)  # the call is killed after this stage: its 30 s are in the state file
+    again = Stages(tmp_path, log=lambda m: None)
+    assert again.state["wall_s"] == 30.0
+    assert again.wall_time() == 35.0

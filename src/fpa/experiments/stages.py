@@ -42,6 +42,7 @@ class Stages:
         self.stamp = dict(stamp or {})
         self.state = read_json(self.state_path) if self.state_path.is_file() else {"done": [], "seconds": {}}
         self.state.setdefault("stamps", {})
+        self._mark = time.time()  # wall time up to here is counted in state["wall_s"]
 
     def output_path(self, name: str) -> Path:
         """Where the output of stage ``name`` is written.
@@ -86,6 +87,7 @@ class Stages:
         self.state["done"] = [n for n in self.state["done"] if n != name] + [name]
         self.state["seconds"][name] = round(seconds, 2)
         self.state["stamps"][name] = self.stamp
+        self._count_wall_time()
         write_json(self.state_path, self.state)
         self.log(f"[stage] {name} done in {seconds:.1f} s")
         return out
@@ -98,9 +100,16 @@ class Stages:
         """The stamp recorded with stage ``name`` ({} for a stage recorded without one)."""
         return dict(self.state["stamps"].get(name, {}))
 
-    def add_wall_time(self, seconds: float) -> float:
-        """Add one call's wall time to the state file's total; returns the total."""
-        self.state["wall_s"] = float(self.state.get("wall_s", 0.0)) + float(seconds)
+    def _count_wall_time(self) -> None:
+        now = time.time()
+        self.state["wall_s"] = float(self.state.get("wall_s", 0.0)) + (now - self._mark)
+        self._mark = now
+
+    def wall_time(self) -> float:
+        """The run's wall time in seconds: every call's, summed in the state file as it goes (each
+        recorded stage counts the time since the last), so that a killed call's time up to its last
+        recorded stage is kept; this call's remainder is counted now."""
+        self._count_wall_time()
         if self.write:
             write_json(self.state_path, self.state)
         return self.state["wall_s"]

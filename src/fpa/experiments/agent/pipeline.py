@@ -14,7 +14,6 @@ plot are rewritten from the stage outputs at the end, and after ``stop_after``.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,7 +23,7 @@ from fpa.experiments.agent.analysis import CONTROL_METHOD, budget_of, decode_nam
 from fpa.experiments.agent.preset import ARM_OF, ARMS, BUDGET_METHODS, AgentPreset
 from fpa.experiments.agent.workers import control_stage, decode_stage, train_arm, train_config
 from fpa.experiments.pool import Task, run_tasks
-from fpa.experiments.provenance import code_state, command_line
+from fpa.experiments.provenance import code_state, run_provenance
 from fpa.experiments.stages import Stages, read_json
 from fpa.train.progress import console_line
 
@@ -49,7 +48,6 @@ def run_agent(
     positive_int("jobs", jobs)
     if stop_after not in (None, *STOP_AFTER):
         raise ValueError(f"stop_after must be None or one of {STOP_AFTER}, got {stop_after!r}")
-    t_start = time.time()
     out = Path(out_dir)
     code = code_state()
     stages = Stages(out, log=log, stamp={"commit": code["commit"], "dirty": code["dirty"]})
@@ -94,7 +92,7 @@ def run_agent(
                     for m in BUDGET_METHODS
                 ]
         done.update(run_tasks(stages, second, jobs, progress, desc="full cache, budgets"))
-    return finish(p, out, stages, done, command, t_start)
+    return finish(p, out, stages, done, command)
 
 
 def _prepare(p: AgentPreset, data_dir: Path) -> dict:
@@ -105,7 +103,7 @@ def _prepare(p: AgentPreset, data_dir: Path) -> dict:
     return {"data_dir": "data"}
 
 
-def finish(p: AgentPreset, out: Path, stages: Stages, done: dict, command: str | None, t_start: float) -> dict:
+def finish(p: AgentPreset, out: Path, stages: Stages, done: dict, command: str | None) -> dict:
     """Summarise the stages present (``done`` and any other recorded one), add the training
     records and provenance, and write results.json, report.md and the plot."""
     from fpa.experiments.agent.report import write_report
@@ -122,7 +120,7 @@ def finish(p: AgentPreset, out: Path, stages: Stages, done: dict, command: str |
         str(s): {str(L): done[n]["budget"] for L in p.lengths if (n := decode_name("window", s, L)) in done}
         for s in p.seeds
     }
-    results["provenance"] = _provenance(stages, command, t_start)
+    results["provenance"] = {**run_provenance(stages, command), "stage_seconds": stages.seconds()}
     write_json(out / "results.json", results)
     write_report(results, out)
     return results
@@ -131,30 +129,3 @@ def finish(p: AgentPreset, out: Path, stages: Stages, done: dict, command: str |
 def _training(summary: dict) -> dict:
     keep = ("steps", "final_train_loss", "tokens_per_s", "task_loss_curve")
     return {k: summary.get(k) for k in keep}
-
-
-def _provenance(stages: Stages, command: str | None, t_start: float) -> dict:
-    """The commit the stages ran at, whether the tree was dirty, the command, the wall time (this
-    call's plus earlier calls' on a resumed run) and each stage's seconds.
-
-    Raises:
-        ValueError: The stages were computed at different commits.
-    """
-    by_commit: dict[str | None, list[str]] = {}
-    for n in stages.state["done"]:
-        by_commit.setdefault(stages.stamp_of(n).get("commit"), []).append(n)
-    if len(by_commit) > 1:
-        detail = "; ".join(f"{c}: {names[:4]}{' ...' if len(names) > 4 else ''}" for c, names in by_commit.items())
-        raise ValueError(
-            f"stages of {stages.dir} were computed at different commits ({detail}); "
-            "rerun the stale ones (delete them from state.json) or start a new folder"
-        )
-    dirty = any(stages.stamp_of(n).get("dirty") for n in stages.state["done"])
-    wall = stages.add_wall_time(time.time() - t_start)
-    return {
-        "commit": next(iter(by_commit), None),
-        "dirty": dirty,
-        "command": command or command_line(),
-        "wall_s": round(wall, 1),
-        "stage_seconds": stages.seconds(),
-    }

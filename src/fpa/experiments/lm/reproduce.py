@@ -37,7 +37,7 @@ from fpa.experiments.lm.methods import CONTROL, MethodSpec
 from fpa.experiments.lm.presets import ReproducePreset
 from fpa.experiments.lm.train_eval import eval_stage, train_stage
 from fpa.experiments.lm.units import pending_plan, run_unit, unit_plan
-from fpa.experiments.provenance import code_state, command_line
+from fpa.experiments.provenance import code_state, run_provenance
 from fpa.experiments.stages import Stages, read_json
 from fpa.train.progress import console_line
 
@@ -156,7 +156,6 @@ def _reproduce(
     if stop_after == "control" and (p.is_tuning or not p.core):
         raise ValueError(f"stop_after='control' needs a preset with core arms and a gate; {p.name!r} has none")
     positive_int("jobs", jobs)
-    t_start = time.time()
     out = Path(out_dir)
     runs = runs_of(p, methods)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and jobs > 1:
@@ -207,11 +206,11 @@ def _reproduce(
         core = [r for r in runs if r["role"] == "core"]
         gate = control_gate(p, core, outputs, run_id)
         if stop_after == "control":  # recorded whatever the gate says; no evaluation, no retrain
-            return _gate_results(p, "control", gate, None, None, stages, command, t_start)
+            return _gate_results(p, "control", gate, None, None, stages, command)
         if not gate["passed"]:
             kept = ("train-", "control-")
             stages.discard([n for n in outputs if not n.startswith(kept)])  # evaluated with the control, unread
-            return _gate_failed(p, out, gate, stages, command, t_start, retry_of, methods, log, jobs, progress)
+            return _gate_failed(p, out, gate, stages, command, retry_of, methods, log, jobs, progress)
     if p.is_tuning:
         from fpa.experiments.lm.tuning import finish_tuning
 
@@ -223,7 +222,7 @@ def _reproduce(
         results = aggregate(p, runs, trained, outputs, run_id, lambda n: stages.stamp_of(n).get("commit"))
         results["diagnosis"] = collect_diagnosis(runs, outputs, run_id)
         results["gate"], results["retry_of"] = gate, retry_of
-    results["provenance"] = provenance(stages, command, t_start)
+    results["provenance"] = run_provenance(stages, command)
     from fpa.experiments.lm.report import write_report
 
     write_report(results, out)
@@ -254,7 +253,7 @@ def gate_summary(gate: dict) -> str:
     return ", ".join(f"{a} {g['passed']}/{g['n']}" for a, g in gate["by_arm"].items())
 
 
-def _gate_results(p: ReproducePreset, kind: str, gate: dict, retry, retry_of, stages: Stages, command, t_start) -> dict:
+def _gate_results(p: ReproducePreset, kind: str, gate: dict, retry, retry_of, stages: Stages, command) -> dict:
     """The results of a run that stopped at the gate (``kind`` "control" or "gate-failed"), written
     to results.json and report.md in the run's folder."""
     from fpa.experiments.lm.report import write_report
@@ -266,13 +265,13 @@ def _gate_results(p: ReproducePreset, kind: str, gate: dict, retry, retry_of, st
         "gate": gate,
         "retry": retry,
         "retry_of": retry_of,
-        "provenance": provenance(stages, command, t_start),
+        "provenance": run_provenance(stages, command),
     }
     write_report(results, stages.dir)
     return results
 
 
-def _gate_failed(p, out: Path, gate: dict, stages: Stages, command, t_start, retry_of, methods, log, jobs, progress):
+def _gate_failed(p, out: Path, gate: dict, stages: Stages, command, retry_of, methods, log, jobs, progress):
     """Record the failed gate in ``out`` (results.json and report.md), then retrain at
     ``p.retry_steps`` in the sibling folder (if set) and return that run's results."""
     import dataclasses
@@ -284,7 +283,7 @@ def _gate_failed(p, out: Path, gate: dict, stages: Stages, command, t_start, ret
     retry = None
     if p.retry_steps is not None:
         retry = {"steps": p.retry_steps, "out": str(out.parent / f"{out.name}-steps{p.retry_steps}")}
-    results = _gate_results(p, "gate-failed", gate, retry, retry_of, stages, command, t_start)
+    results = _gate_results(p, "gate-failed", gate, retry, retry_of, stages, command)
     if retry is None:
         return results
     log(f"[gate] retraining at {p.retry_steps} steps, nothing else changed, in {retry['out']}")
@@ -296,28 +295,3 @@ def _gate_failed(p, out: Path, gate: dict, stages: Stages, command, t_start, ret
 def _prepare(prepare_corpus, p: ReproducePreset, data_dir: Path) -> dict:
     prepare_corpus(p.data_source, data_dir, tokenizer=p.tokenizer, max_bytes=p.corpus_max_bytes, seed=p.seed)
     return {}
-
-
-def provenance(stages: Stages, command: str | None, t_start: float) -> dict:
-    """{"commit", "dirty", "command", "wall_s"}: the one commit every stage was computed at (a
-    ValueError naming the stages of each commit otherwise), and the run's wall time (the sum of
-    this call's time and, for a resumed run, the earlier calls' recorded in the state file)."""
-    by_commit: dict[str | None, list[str]] = {}
-    dirty = False
-    for name in stages.state["done"]:
-        stamp = stages.stamp_of(name)
-        by_commit.setdefault(stamp.get("commit"), []).append(name)
-        dirty |= bool(stamp.get("dirty"))
-    if len(by_commit) > 1:
-        detail = "; ".join(f"{c}: {names[:4]}{' ...' if len(names) > 4 else ''}" for c, names in by_commit.items())
-        raise ValueError(
-            f"stages of {stages.dir} were computed at different commits ({detail}); "
-            f"rerun the stale ones (delete them from state.json) or start a new folder"
-        )
-    wall = stages.add_wall_time(time.time() - t_start)
-    return {
-        "commit": next(iter(by_commit), None),
-        "dirty": dirty,
-        "command": command or command_line(),
-        "wall_s": round(wall, 1),
-    }
