@@ -115,6 +115,11 @@ def _grid(model, tok, p: ReproducePreset, seed: int, make_cache=None, lengths: l
 EVAL_KINDS = ("loss", "passkey", "control", "validation", "sweep", "evict", "growth")
 
 
+def model_ready(model_dir: str | Path) -> bool:
+    """Whether a trained model is saved in ``model_dir`` (training.json is written last)."""
+    return (Path(model_dir) / "training.json").is_file()
+
+
 def eval_stage(
     kind: str, p_dict: dict, model_dir: str, data_dir: str, attention: str | None = None, threshold: float | None = None
 ) -> dict:
@@ -133,8 +138,6 @@ def eval_stage(
     """
     if kind not in EVAL_KINDS:
         raise ValueError(f"kind must be one of {EVAL_KINDS}, got {kind!r}")
-    from fpa.experiments.lm.units import model_ready
-
     if not model_ready(model_dir):
         raise FileNotFoundError(
             f"stage {kind!r} needs the trained model in {model_dir}, which is not there (trained on another "

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from fpa.experiments.lm.methods import CORE_ARMS
 from fpa.experiments.lm.presets import ReproducePreset
+from fpa.experiments.lm.train_eval import model_ready
 from fpa.experiments.stages import Stages, read_json
 
 PHASES = ("train", "control", "tuning", "report")
@@ -52,11 +53,6 @@ def unit_plan(p: ReproducePreset, run: dict, rid: str, phase: str) -> list[Step]
     if core and spec.base == "fpa-walk":
         steps.append((f"diagnose-{rid}", "diagnose", None))
     return steps
-
-
-def model_ready(model_dir: str | Path) -> bool:
-    """Whether a trained model is saved in ``model_dir`` (training.json is written last)."""
-    return (Path(model_dir) / "training.json").is_file()
 
 
 def pending_plan(stages: Stages, plan: list[Step], model_dir: str | Path) -> list[Step]:
