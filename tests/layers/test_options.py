@@ -4,8 +4,11 @@ import dataclasses
 import math
 
 import pytest
+import torch
+import torch.nn.functional as F
 
 from fpa.layers import FirstPassageAttention, FPAOptions, TransformerBlock, make_attention
+from fpa.layers.options import walk_bias_matching_fox
 
 
 def test_every_entry_point_defaults_to_fpa_options():
@@ -72,3 +75,24 @@ def test_frozen_serialisable_and_replace_checks_keys():
         o.replace(fpa_mode="free")
     with pytest.raises(ValueError, match="options must be a dict of FPAOptions fields or an FPAOptions, got str"):
         FirstPassageAttention(16, 2, options="walk")  # type: ignore[arg-type]
+
+
+def test_walk_bias_matching_fox_gives_foxs_initial_decay():
+    """Oracle from the definitions: FoX at bias g forgets -log sigmoid(g) per token; a walk of
+    constant steps tanh(b) pays beta * |tanh(b)| per token, beta = softplus(beta_init)."""
+    for g, beta_init in ((2.0, 0.0), (5.0, 0.0), (1.0, 1.5)):
+        b = walk_bias_matching_fox(g, beta_init)
+        fox_decay = -torch.log(torch.sigmoid(torch.tensor(g, dtype=torch.float64)))
+        walk_penalty = F.softplus(torch.tensor(beta_init, dtype=torch.float64)) * torch.tanh(
+            torch.tensor(-b, dtype=torch.float64)
+        )
+        assert b < 0
+        torch.testing.assert_close(walk_penalty, fox_decay, rtol=1e-12, atol=0)
+    assert abs(walk_bias_matching_fox(2.0) - (-0.1852)) < 1e-4
+
+
+def test_walk_bias_matching_fox_refuses_a_decay_out_of_reach():
+    with pytest.raises(ValueError, match="fgate_bias"):
+        walk_bias_matching_fox(-1.0)  # decays by 1.31 per token; a walk at beta 0.69 tops out below 0.69
+    with pytest.raises(ValueError, match="fgate_bias"):
+        walk_bias_matching_fox(float("nan"))

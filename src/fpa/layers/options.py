@@ -11,6 +11,7 @@ object", says why, and which task sets another.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -130,6 +131,31 @@ def _hint(key: str) -> str | None:
     return None if m is None else repr(m)
 
 
+def walk_bias_matching_fox(fgate_bias: float, beta_init: float = 0.0) -> float:
+    """The ``walk_bias_init`` at which a tanh walk starts as FoX with forget-gate bias ``fgate_bias``.
+
+    At initialisation every walk step is about tanh(b) < 0, so a key ``n`` tokens back has dipped
+    ``n |tanh(b)|`` below its level and pays ``beta n |tanh(b)|``, beta = softplus(``beta_init``);
+    FoX at bias g pays ``n (-log sigmoid(g))``. Equal per-token penalties give
+    b = -atanh(softplus(-g) / softplus(beta_init)) (-0.185 for g = 2 and beta_init 0). A walk
+    started at b = 0 has no recency signal until it learns one.
+
+    Raises:
+        ValueError: A value that is not a finite number, or a FoX decay the walk cannot match
+            (softplus(-g) >= softplus(beta_init): the step would need |tanh(b)| >= 1).
+    """
+    check_number("fgate_bias", fgate_bias)
+    check_number("beta_init", beta_init)
+    ratio = math.log1p(math.exp(-fgate_bias)) / math.log1p(math.exp(beta_init))
+    if ratio >= 1.0:
+        raise ValueError(
+            f"fgate_bias={fgate_bias!r} decays by {math.log1p(math.exp(-fgate_bias)):.3f} per token, more than a "
+            f"tanh walk at beta_init={beta_init!r} can (< {math.log1p(math.exp(beta_init)):.3f}); raise fgate_bias "
+            "or beta_init"
+        )
+    return -math.atanh(ratio)
+
+
 __all__ = [
     "BETA_ACTIVATIONS",
     "FPA_MODES",
@@ -138,4 +164,5 @@ __all__ = [
     "WALK_INCREMENTS",
     "FPAOptions",
     "check_option_keys",
+    "walk_bias_matching_fox",
 ]

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from fpa.checks import non_negative_int, positive_int
+from fpa.layers.options import walk_bias_matching_fox
 from fpa.tasks.agent_sessions import TRAIN_SPEC, SessionSpec, _max_tail_bytes, min_length
 
 FPA_ARM, FOX_ARM = "fpa-walk-rule", "fox"
@@ -230,6 +231,26 @@ PRESETS = {
         control_sessions=48,
         chunk_size=512,
         evict_from_step=300,
+    ),
+    # the next candidate recipe, checked with --stop-after control on seeds that are not reported:
+    # twice the answers per step at 320-byte sessions, a third of the sequences copy lines (the copy
+    # an open_arg answer needs, learned within 1500 steps in the headline recipe), and the FPA walk
+    # started as FoX at bias 2 (docs/design.md, "Long agent sessions")
+    "cpu-control": AgentPreset(
+        name="cpu-control",
+        steps=1500,
+        batch_size=32,
+        seq_len=320,
+        lr=3e-3,
+        warmup_steps=50,
+        seeds=(20, 21, 22),
+        lengths=(10_000, 30_000, 100_000),
+        sessions=(4, 2, 1),
+        control_sessions=48,
+        chunk_size=512,
+        evict_from_step=1000,
+        mix_task="agent-sessions+copy",
+        fpa_options={"level_offset": "token", "walk_bias_init": walk_bias_matching_fox(2.0)},
     ),
 }
 

@@ -5,11 +5,11 @@ threshold)}, from a tuning run's folder or frozen in a preset) turned into the c
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 
 from fpa.experiments.lm.methods import RULE_ARM, MethodSpec
+from fpa.layers.options import walk_bias_matching_fox
 
 
 def _spec(
@@ -28,7 +28,7 @@ def _spec(
 # 0.127 logits per token. Started at bias 0 the walk has almost no positional signal (its steps
 # are +-0.2 of noise): on seeds 21, 26, 28 and 29 it never left the no-copy plateau in 1500 steps,
 # where FoX at bias 2 and this walk left it by step 300-700 (docs/design.md).
-FOX2_WALK_BIAS = -math.atanh(math.log1p(math.exp(-2.0)) / math.log(2.0))  # -0.1852
+FOX2_WALK_BIAS = walk_bias_matching_fox(2.0)  # -0.1852
 
 
 def _walk(offset: str, **options: Any) -> dict[str, Any]:
