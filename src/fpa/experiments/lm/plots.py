@@ -166,7 +166,7 @@ def plot_paired(diffs: dict[str, dict], path: str | Path, title: str) -> None:
 def plot_eviction(evictions: dict[str, dict], path: str | Path) -> None:
     """Per core method, against length: kept fraction under its own rule, its accuracy, the full
     cache's and the equal-size window's (means over seeds)."""
-    fig, axes = _figure(1, 2, figsize=(11, 4))
+    fig, axes = _figure(1, 2, figsize=(13, 4))
     styles = series_styles(list(evictions))
     for name, ev in evictions.items():
         mults = [int(k) for k in ev["by_multiple"]]
@@ -203,7 +203,8 @@ def plot_eviction(evictions: dict[str, dict], path: str | Path) -> None:
     axes[1].set_ylim(-3, 103)
     axes[1].set_title("accuracy: own rule, full cache, equal-size window", fontsize=10)
     axes[0].legend(fontsize=8)
-    axes[1].legend(fontsize=7)
+    # nine series: beside the panel, where they cover no curve
+    axes[1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     _save(fig, path)
 
 

@@ -111,11 +111,15 @@ def verdicts(results: dict) -> list[str]:
         by8 = (ev or {}).get("by_multiple", {}).get("8")
         if by8:
             judged = [x for x in by8["lossless"] if x is not None]
+            against = (
+                "served under its training rule, it has no full cache to lose against (see its paired comparison)"
+                if m.get("served")
+                else f"lossless on {sum(judged)} of the {len(judged)} seeds whose full cache reaches "
+                f"{pct(LOSSLESS_FULL)} ({len(by8['lossless']) - len(judged)} below it not judged)"
+            )
             out.append(
                 f"Eviction, {name} at threshold {ev['threshold']:g}, 8x: keeps {mean_range(by8['kept_fraction'])} "
-                f"of the keys; lossless on {sum(judged)} of the {len(judged)} seeds whose full cache (as served) "
-                f"reaches {pct(LOSSLESS_FULL)} ({len(by8['lossless']) - len(judged)} below it not judged); kept "
-                f"keys grow as L^{ev['keys_growth_exponent']:.2f} on held-out text."
+                f"of the keys; {against}; kept keys grow as L^{ev['keys_growth_exponent']:.2f} on held-out text."
             )
     return out
 
@@ -133,10 +137,12 @@ def eviction_table(results: dict) -> str:
             continue
         for mult, by in ev["by_multiple"].items():
             judged = [x for x in by["lossless"] if x is not None]
+            # served under its rule, "as served" is the rule: the count would be met by construction
+            lossless = "served under the rule" if m.get("served") else f"{sum(judged)}/{len(judged)}"
             lines.append(
                 f"| {name} | {ev['threshold']:g} | {mult}x | {mean_range(by['kept_fraction'])} | "
                 f"{mean_range(by['accuracy'])} | {mean_range(by['full_accuracy'])} | "
-                f"{mean_range(by['window_accuracy'])} | {sum(judged)}/{len(judged)} |"
+                f"{mean_range(by['window_accuracy'])} | {lossless} |"
             )
         g = ev["growth"]
         lines.append(
