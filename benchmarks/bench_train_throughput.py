@@ -15,11 +15,12 @@ model's embedding, input-id check and loss stay eager. Compilation happens in th
 recompilation across steps would stop the benchmark. ``--no-compile`` skips the compiled columns.
 ``--train-steps N`` adds an end-to-end run through ``fpa.train.train`` per type (real data).
 
-First section: FPA walk trained under its own eviction rule (``set_training_eviction``, what
-``fpa train --evict-threshold`` does) against the plain walk at the reproduction's shape, the fast
-path and the dense reference interleaved with it (``rule_benchmark``; target: <= 1.5x the plain
-step). ``--rule-only`` runs that section alone and replaces it in an existing table file, keeping
-the rest; ``--no-rule`` skips it.
+First sections: FPA walk trained under its own eviction rule (``set_training_eviction``, what
+``fpa train --evict-threshold`` does) against the plain walk and FoX, at the reproduction's shape
+and at ``fpa agent``'s (per-token level offset, 16 x 512), the fast path and the dense reference
+interleaved with them (``rule_benchmark``; target: <= 1.5x the plain step). ``--rule-only`` runs
+those sections alone and replaces them in an existing table file, keeping the rest; ``--no-rule``
+skips them.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from typing import TypedDict
 
 import torch
 
+from fpa.layers.options import walk_bias_matching_fox
 from fpa.models import FPAConfig, FPAForCausalLM
 
 METHODS = [
@@ -149,66 +151,104 @@ def step_benchmark(name: str, batch: int, seq_len: int, overrides: dict, reps: i
     return lines + [""]
 
 
-def rule_benchmark(reps: int) -> list[str]:
+class RuleShape(TypedDict):
+    """rule_benchmark's recipe: batch x seq_len on tiny with overrides; fpa: the walk's options;
+    fox: FoX's config overrides (FoX is timed beside the walk, for the recipes' FoX arm)."""
+
+    batch: int
+    seq_len: int
+    overrides: dict[str, int]
+    fpa: dict
+    fox: dict
+
+
+RULE_SHAPES: dict[str, RuleShape] = {
+    # the headline recipe: the walk without offset, started as FoX at bias 2
+    "repro 32x128": RuleShape(
+        batch=32, seq_len=128, overrides=dict(num_hidden_layers=2, vocab_size=257), fpa={}, fox={}
+    ),
+    # fpa agent's recipe: a per-token level offset, 512-byte sessions
+    "agent 16x512": RuleShape(
+        batch=16,
+        seq_len=512,
+        overrides=dict(num_hidden_layers=2, vocab_size=257),
+        fpa={"level_offset": "token", "walk_bias_init": walk_bias_matching_fox(2.0)},
+        fox={"fox_fgate_bias_init": 2.0},
+    ),
+}
+RULE_TITLE = "## FPA walk trained under its eviction rule"
+
+
+def rule_benchmark(name: str, reps: int) -> list[str]:
     """FPA walk trained under FPAEviction(RULE_THRESHOLD) within chunks (set_training_eviction)
-    against the plain walk, at the reproduction recipe's shape (2 layers, width 128, byte vocab,
-    batch 32 x 128), eager: the fast path (fpa.ops.fpa.evicting, the chunked op with evicted keys
-    hidden) and the dense reference it replaced (fpa_form.evicting_bias + softmax), interleaved."""
+    against the plain walk and FoX at the recipe ``RULE_SHAPES[name]``, eager: the fast path
+    (fpa.ops.fpa.evicting, the chunked op with evicted keys hidden) and the dense reference it
+    replaced (fpa_form.evicting_bias + softmax), all interleaved."""
     import fpa.layers.first_passage as first_passage
     from fpa.layers.fpa_form import evicting_attention
     from fpa.train.model_setup import set_training_eviction
 
-    walk = next(kw for att, kw in METHODS if label(att, kw) == "fpa-walk")
-    overrides = dict(num_hidden_layers=2, vocab_size=257)
+    shape = RULE_SHAPES[name]
+    batch, seq_len, overrides = shape["batch"], shape["seq_len"], shape["overrides"]
 
     def dense(q, k, v, field, level, beta, threshold, scale, need_weights=False):
         out, w = evicting_attention(q, k, v, field, level, beta, threshold, scale, need_weights=True)
         return out, (w if need_weights else None)
 
     steps = {}
-    for name in ("plain", "rule (fast path)", "rule (dense reference)"):
+    for row in ("plain", "rule (fast path)", "rule (dense reference)", "FoX"):
         torch.manual_seed(0)
-        m = FPAForCausalLM(FPAConfig.from_preset("tiny", attention="fpa", **walk, **overrides))
-        if name != "plain":
+        if row == "FoX":
+            cfg = FPAConfig.from_preset("tiny", attention="fox", **overrides, **shape["fox"])
+        else:
+            cfg = FPAConfig.from_preset("tiny", attention="fpa", fpa={"mode": "walk", **shape["fpa"]}, **overrides)
+        m = FPAForCausalLM(cfg)
+        if row.startswith("rule"):
             set_training_eviction(m, RULE_THRESHOLD)
-        steps[name] = make_step(m)
-    ids = torch.randint(0, 257, (32, 128))
+        steps[row] = make_step(m)
+    ids = torch.randint(0, overrides["vocab_size"], (batch, seq_len))
     real = first_passage.evicting_attention
     load0 = "/".join(f"{x:.2f}" for x in os.getloadavg())
     times: dict[str, list[float]] = {k: [] for k in steps}
     try:
         for rep in range(reps + 1):  # the first repetition warms up and is dropped
-            for name, step in steps.items():
-                first_passage.evicting_attention = dense if name == "rule (dense reference)" else real  # type: ignore[assignment]
+            for row, step in steps.items():
+                first_passage.evicting_attention = dense if row == "rule (dense reference)" else real  # type: ignore[assignment]
                 t = step(ids)
                 if rep:
-                    times[name].append(t)
+                    times[row].append(t)
     finally:
         first_passage.evicting_attention = real  # type: ignore[assignment]
     lines = [
-        f"## FPA walk trained under its eviction rule: batch 32 x 128, {overrides}, eager",
+        f"{RULE_TITLE}: {name}, batch {batch} x {seq_len}, {overrides}, eager",
         "",
         f"`set_training_eviction({RULE_THRESHOLD:g})` (FPAEviction({RULE_THRESHOLD:g}, within_chunks=True) in "
-        f"the training loop) against the plain walk; median of {reps} steps after a warm-up step [min, max]; "
-        f"ratio = median of per-repetition ratios to the plain walk. torch threads={torch.get_num_threads()}; "
-        f"load average (1/5/15 min) at the start: {load0}. `python benchmarks/bench_train_throughput.py "
-        "--rule-only` reruns this section alone.",
+        f"the training loop) against the plain walk (options {shape['fpa'] or 'none beyond walk mode'}) and FoX "
+        f"({shape['fox'] or 'defaults'}); median of {reps} steps after a warm-up step [min, max]; ratios = medians "
+        f"of per-repetition ratios. torch threads={torch.get_num_threads()}; load average (1/5/15 min) at the "
+        f"start: {load0}. `python benchmarks/bench_train_throughput.py --rule-only` reruns the rule sections alone.",
         "",
-        "| FPA walk | step ms | tokens/s | / plain |",
-        "|---|---:|---:|---:|",
+        "| model | step ms | tokens/s | / plain walk | / FoX |",
+        "|---|---:|---:|---:|---:|",
     ]
-    for name, t in times.items():
-        r = [a / b for a, b in zip(t, times["plain"])]
+
+    def ratio(a: str, b: str) -> list[float]:
+        return [x / y for x, y in zip(times[a], times[b])]
+
+    for row, t in times.items():
         med = statistics.median(t)
+        rs = (ratio(row, "plain"), ratio(row, "FoX"))
+        cells = [f"{statistics.median(r):.2f} [{min(r):.2f}, {max(r):.2f}]" for r in rs]
         lines.append(
-            f"| {name} | {med * 1e3:.1f} [{min(t) * 1e3:.0f}, {max(t) * 1e3:.0f}] | {32 * 128 / med:,.0f} | "
-            f"{statistics.median(r):.2f} [{min(r):.2f}, {max(r):.2f}] |"
+            f"| {row} | {med * 1e3:.1f} [{min(t) * 1e3:.0f}, {max(t) * 1e3:.0f}] | {batch * seq_len / med:,.0f} | "
+            + " | ".join(cells)
+            + " |"
         )
-    ratio = statistics.median([a / b for a, b in zip(times["rule (fast path)"], times["plain"])])
+    r = statistics.median(ratio("rule (fast path)", "plain"))
     lines += [
         "",
         f"- FPA walk under its rule, step <= {RULE_TARGET}x the plain walk's: "
-        f"**{'MET' if ratio <= RULE_TARGET else 'MISSED'}** ({ratio:.2f}x)",
+        f"**{'MET' if r <= RULE_TARGET else 'MISSED'}** ({r:.2f}x)",
         "",
     ]
     return lines
@@ -275,8 +315,9 @@ def main() -> None:
     load0 = "/".join(f"{x:.2f}" for x in os.getloadavg())
     body: list[str] = []
     if not args.no_rule:
-        body += rule_benchmark(max(args.reps, 9))
-        print("\n".join(body), flush=True)
+        for name in RULE_SHAPES:
+            body += rule_benchmark(name, max(args.reps, 9))
+            print("\n".join(body), flush=True)
     for name in [] if args.rule_only else args.shapes:
         body += step_benchmark(name, **SHAPES[name], reps=args.reps, compiled=not args.no_compile)
         print("\n".join(body), flush=True)
@@ -303,19 +344,21 @@ def main() -> None:
 
 
 def splice_section(section: str, text: str) -> str:
-    """``text`` (an earlier table file) with its training-under-the-rule section replaced by
-    ``section`` (inserted before the first section if it had none): ``--rule-only`` keeps the rest."""
-    title = "## FPA walk trained under its eviction rule"
+    """``text`` (an earlier table file) with its training-under-the-rule sections replaced by
+    ``section`` (put where the first of them was, else before the first section): ``--rule-only``
+    keeps the rest."""
     lines = text.split("\n")
-    starts = [i for i, line in enumerate(lines) if line.startswith("## ")]
-    mine = [i for i in starts if lines[i].startswith(title)]
-    if mine:
-        end = next((i for i in starts if i > mine[0]), len(lines))
-        lines[mine[0] : end] = section.rstrip("\n").split("\n") + [""]
-    else:
-        at = starts[0] if starts else len(lines)
-        lines[at:at] = section.rstrip("\n").split("\n") + [""]
-    return "\n".join(lines)
+    starts = [i for i, line in enumerate(lines) if line.startswith("## ")] + [len(lines)]
+    kept: list[str] = lines[: starts[0]]
+    at = None
+    for a, b in zip(starts, starts[1:]):
+        if lines[a].startswith(RULE_TITLE):
+            at = len(kept) if at is None else at
+        else:
+            kept += lines[a:b]
+    at = len(lines[: starts[0]]) if at is None else at
+    kept[at:at] = section.rstrip("\n").split("\n") + [""]
+    return "\n".join(kept)
 
 
 if __name__ == "__main__":

@@ -80,16 +80,43 @@ def test_float32_matches_the_float64_reference(path):
         torch.testing.assert_close(a.double(), b, rtol=0, atol=2e-5, msg=name)
 
 
+def _reference_mask(field, level, beta, tau, groups):
+    """(B, H, i, j): the dense reference's rule-masked (query, key) pairs below the diagonal."""
+    pos = torch.arange(field.shape[-1])
+    return torch.isinf(evicting_bias(field, level, beta, tau, groups)) & (pos[:, None] >= pos[None, :])
+
+
+def _mask_of(hide):
+    pos = torch.arange(hide.shape[-1])
+    return pos[:, None] >= hide[..., None, :]
+
+
 @pytest.mark.parametrize("groups", [1, 2])
 def test_hide_from_is_the_reference_mask(groups):
     _, _, _, field, level, beta = (x.detach() for x in _inputs(seed=3))
-    hide = hide_from(field, level, beta, 0.8, groups)
-    T = field.shape[-1]
-    pos = torch.arange(T)
-    masked = pos[:, None] >= hide[..., None, :]  # (B, H, i, j)
-    ref = torch.isinf(evicting_bias(field, level, beta, 0.8, groups)) & (pos[:, None] >= pos[None, :])
-    assert torch.equal(masked, ref)
+    masked = _mask_of(hide_from(field, level, beta, 0.8, groups))
+    assert torch.equal(masked, _reference_mask(field, level, beta, 0.8, groups))
     assert masked.any() and not masked.diagonal(dim1=-2, dim2=-1).any()
+
+
+@pytest.mark.parametrize("T", [1, 2, 3, 7, 64, 100])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("tau", [0.0, 1.0, 3.0, math.inf])
+def test_hide_from_decides_every_key_as_the_reference_does_ties_included(T, dtype, tau):
+    """Lengths that are not powers of two (the block search's edges), and integer-valued fields,
+    levels and betas, so that beta * dip lands exactly on the threshold for many pairs (a strict
+    ">" must hold on both sides); betas 0 and negative never hide anything."""
+    g = torch.Generator().manual_seed(T)
+    B, H = 3, 4
+    field = torch.randint(-2, 3, (B, H, T), generator=g).cumsum(-1).to(dtype)
+    level = field + torch.randint(0, 3, (B, H, T), generator=g).to(dtype)
+    beta = torch.tensor([1.0, 0.5, 0.0, -1.0], dtype=dtype)
+    for groups in (1, 2):
+        masked = _mask_of(hide_from(field, level, beta, tau, groups))
+        assert torch.equal(masked, _reference_mask(field, level, beta, tau, groups))
+    if T >= 64 and tau <= 1:
+        ties = (beta[None, :, None, None] * torch.relu(level[..., None, :] - field[..., :, None]) == tau).sum()
+        assert ties > 100 and masked.any()  # the comparison covers exact ties and hidden keys
 
 
 def _cache_form(seed, B=2, Hq=4, Hkv=2, P=19, Tq=45, D=5):

@@ -35,20 +35,32 @@ def hide_from(field: Tensor, level: Tensor, beta: Tensor, threshold: float, grou
     Returns:
         (B, H, T) int64: key j is hidden from every query at position >= the value (T: never),
         the same for every head of a group. Computed in the inputs' math dtype (float64 if either
-        is float64), like the dense reference, O(B * H * T^2) comparisons.
+        is float64), like the dense reference, and bit-for-bit its decisions: O(B * H * T log T).
+
+    The search: g(x) = beta * relu(level_j - x) never increases with x (beta >= 0; for beta < 0
+    nothing ever crosses a threshold >= 0), in floating point too, since rounding is monotone, so
+    some t in a block crosses iff the block's minimum of the field does. A table of minima over
+    blocks of 2^k positions and one binary-lifting pass per k find each key's first crossing.
     """
     dt = torch.float64 if torch.float64 in (field.dtype, level.dtype) else torch.float32
     B, H, T = field.shape
-    f, lv, b = field.to(dt), level.to(dt), beta.to(dt).reshape(1, H, 1, 1)
-    t = torch.arange(T, device=field.device)
-    # (t, j): the penalty of key j passes the threshold at step t > j
-    cross = (b * torch.relu(lv[..., None, :] - f[..., :, None]) > threshold) & (t[:, None] > t[None, :])
-    first = torch.where(cross, t[:, None], T).amin(dim=-2)  # (B, H, T): first crossing, T if none
-    out = torch.where(first < T, first + 1, T)  # hidden from the query after the crossing
+    f, lv, b = field.to(dt), level.to(dt), beta.to(dt).reshape(1, H, 1)
+    minima = [f]  # minima[k][..., t] = min(f[..., t : t + 2^k]), t in [0, T - 2^k]
+    while 2 ** len(minima) <= T:
+        prev, half = minima[-1], 2 ** (len(minima) - 1)
+        minima.append(torch.minimum(prev[..., :-half], prev[..., half:]))
+    # pos: the first position not yet known to be free of crossings for key j (starts at j + 1)
+    pos = torch.arange(1, T + 1, device=field.device).expand(B, H, T)
+    for k in reversed(range(len(minima))):
+        m = minima[k]
+        n = m.shape[-1]  # the block [pos, pos + 2^k) exists iff pos < n
+        block_min = m.gather(-1, pos.clamp(max=n - 1))
+        free = (pos < n) & ~(b * torch.relu(lv - block_min) > threshold)
+        pos = torch.where(free, pos + 2**k, pos)
+    out = torch.where(pos < T, pos + 1, T)  # first crossing at pos: hidden from the query after it
     if groups > 1:
         out = out.view(B, H // groups, groups, T).amax(2, keepdim=True).expand(B, H // groups, groups, T)
     return out.reshape(B, H, T).contiguous()
-
 
 def evicting_fpa(
     q: Tensor,
