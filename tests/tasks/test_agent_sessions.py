@@ -62,7 +62,7 @@ def parse(text: bytes) -> Parsed:
 
 
 def oracle_answer(parsed: Parsed, question: str) -> str:
-    if m := re.fullmatch(r"q: arg of innermost open ([a-z]+)\na: ", question):
+    if m := re.fullmatch(r"q: arg of innermost open ([a-z]+)\na: call \1\(", question):
         return [arg for tool, arg, _ in parsed.open if tool == m[1]][-1]
     if m := re.fullmatch(r"q: return of last closed ([a-z]+)\na: ", question):
         return max((c for c in parsed.closed if c[0] == m[1]), key=lambda c: c[4])[2]
@@ -152,7 +152,7 @@ def test_answers_are_what_the_parsed_text_implies(spec, kind):
         prompt, answer = make_question(np.random.default_rng([seed, 1]), s, kind)
         assert prompt.startswith(s.text)
         question = prompt[len(s.text) :].decode("ascii")
-        assert question.startswith("q: ") and question.endswith("\na: ")
+        assert question.startswith("q: ") and re.search(r"\na: (call [a-z]+\()?$", question)
         assert answer == oracle_answer(parse(s.text), question)
         if kind in ("open_arg", "closed_ret"):
             assert s.text.count(answer.encode()) == 1
@@ -186,6 +186,14 @@ def test_eval_prompts_record_seed_kind_and_how_far_back_the_evidence_lies():
     assert make_eval_prompts(spec, ("closed_ret",)) == [x for x in prompts if x.kind == "closed_ret"]
 
 
+def _split_answer(tail: str) -> tuple[str, str]:
+    """A question line and its answer line "q: ...\na: ANSWER\n" -> (the question up to where the
+    answer starts: after "a: ", or after the echoed "a: call X(" of open_arg, and the rest)."""
+    m = re.search(r"\na: (call [a-z]+\()?", tail)
+    assert m is not None, tail
+    return tail[: m.end()], tail[m.end() :]
+
+
 @pytest.mark.parametrize("seq_len", [512, 1024, 2048])
 def test_training_sample_has_shape_and_answer_in_place(seq_len):
     assert get_mixer("agent-sessions") is session_training_sample
@@ -196,7 +204,7 @@ def test_training_sample_has_shape_and_answer_in_place(seq_len):
         assert np.array_equal(ids, session_training_sample(np.random.default_rng([seq_len, seed]), seq_len, TOK))
         text = bytes(ids.tolist())
         body, question = text[: text.rindex(b"q: ")], text[text.rindex(b"q: ") :].decode()
-        question, answer = question[: question.rindex("a: ") + 3], question[question.rindex("a: ") + 3 :]
+        question, answer = _split_answer(question)
         assert answer.endswith("\n") and bytes(ids[-n - 1 : -1].tolist()).decode() == answer[:-1]
         assert answer[:-1] == oracle_answer(parse(body), question)
         kinds.add(question)
@@ -219,7 +227,7 @@ def test_answer_loss_is_the_mean_over_the_answer_bytes():
     answers = []
     for i in range(6):
         text = bytes(session_training_sample(np.random.default_rng([9, i]), 512, TOK).tolist()).decode()
-        answers.append(text[text.rindex("a: ") + 3 : -1])
+        answers.append(_split_answer(text[text.rindex("q: ") :])[1][:-1])
     want = np.mean([b for a in answers for b in a.encode()])
     assert got == pytest.approx(want, rel=1e-6) and model.training
 

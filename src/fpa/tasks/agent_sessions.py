@@ -21,7 +21,10 @@ open, only observations follow).
 A question follows the session as ``q: <question>`` and ``a: ``; the answer is a short string
 ended by a newline (exact match, ``is_correct``). Kinds:
 
-- ``open_arg``: the argument of the innermost open call to tool X (X on the open stack);
+- ``open_arg``: the argument of the innermost open call to tool X (X on the open stack); the
+  answer line starts by echoing that call's line up to its argument, ``a: call X(``, so that the
+  answer is a copy of what follows the matching call line (a plain induction step) and what the
+  question tests is which of the calls to X the memory still finds: the innermost open one;
 - ``outer_tool``: the tool of the outermost open call;
 - ``open_count``: the number of open calls;
 - ``open_tools``: the tools of the open calls, outermost first, separated by spaces;
@@ -49,7 +52,7 @@ CALL = "call {tool}({arg})\n"
 RET = "ret {tool} -> {value}\n"
 OBS = "obs: {text}\n"
 QUESTIONS = {
-    "open_arg": "q: arg of innermost open {tool}\na: ",
+    "open_arg": "q: arg of innermost open {tool}\na: call {tool}(",
     "outer_tool": "q: tool of outermost open call\na: ",
     "open_count": "q: number of open calls\na: ",
     "open_tools": "q: open calls, outermost first\na: ",
