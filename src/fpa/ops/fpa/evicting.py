@@ -62,6 +62,7 @@ def hide_from(field: Tensor, level: Tensor, beta: Tensor, threshold: float, grou
         out = out.view(B, H // groups, groups, T).amax(2, keepdim=True).expand(B, H // groups, groups, T)
     return out.reshape(B, H, T).contiguous()
 
+
 def evicting_fpa(
     q: Tensor,
     k: Tensor,
