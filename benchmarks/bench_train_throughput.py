@@ -151,27 +151,22 @@ def step_benchmark(name: str, batch: int, seq_len: int, overrides: dict, reps: i
     return lines + [""]
 
 
-class RuleShape(TypedDict):
-    """rule_benchmark's recipe: batch x seq_len on tiny with overrides; fpa: the walk's options;
-    fox: FoX's config overrides (FoX is timed beside the walk, for the recipes' FoX arm)."""
+class RuleShape(Shape):
+    """rule_benchmark's recipe: a Shape, and fpa: the walk's options; fox: FoX's config overrides
+    (FoX is timed beside the walk, for the recipes' FoX arm)."""
 
-    batch: int
-    seq_len: int
-    overrides: dict[str, int]
     fpa: dict
     fox: dict
 
 
 RULE_SHAPES: dict[str, RuleShape] = {
-    # the headline recipe: the walk without offset, started as FoX at bias 2
-    "repro 32x128": RuleShape(
-        batch=32, seq_len=128, overrides=dict(num_hidden_layers=2, vocab_size=257), fpa={}, fox={}
-    ),
+    # the reproduction's shape, the walk at its default start
+    "repro 32x128": RuleShape(**SHAPES["repro 32x128"], fpa={}, fox={}),
     # fpa agent's recipe: a per-token level offset, 512-byte sessions
     "agent 16x512": RuleShape(
         batch=16,
         seq_len=512,
-        overrides=dict(num_hidden_layers=2, vocab_size=257),
+        overrides=SHAPES["repro 32x128"]["overrides"],
         fpa={"level_offset": "token", "walk_bias_init": walk_bias_matching_fox(2.0)},
         fox={"fox_fgate_bias_init": 2.0},
     ),
