@@ -23,8 +23,8 @@ from fpa.tasks.agent_sessions import (
 )
 
 TOK = ByteTokenizer()
-CALL_RE = re.compile(r"call ([a-z]+)\(([a-z]{3}[0-9]{2})\)")
-RET_RE = re.compile(r"ret ([a-z]+) -> ([0-9]{5})")
+CALL_RE = re.compile(r"call ([a-z]+)\(([a-z]{3}[0-9]{2})\) @([0-9]+)")
+RET_RE = re.compile(r"ret ([a-z]+)\(([a-z]{3}[0-9]{2})\) -> ([0-9]{5}) @([0-9]+)")
 OBS_RE = re.compile(r"obs: ([A-Za-z ,.:]+)")
 
 
@@ -48,11 +48,14 @@ def parse(text: bytes) -> Parsed:
         if m := CALL_RE.fullmatch(line):
             p.open.append((m[1], m[2], pos))
             p.max_depth = max(p.max_depth, len(p.open))
+            assert int(m[3]) == len(p.open), f"call at depth {len(p.open)} tagged @{m[3]} at byte {pos}"
         elif m := RET_RE.fullmatch(line):
             assert p.open, f"return with no open call at byte {pos}"
+            assert int(m[4]) == len(p.open), f"return at depth {len(p.open)} tagged @{m[4]} at byte {pos}"
             tool, arg, start = p.open.pop()
             assert m[1] == tool, f"ret {m[1]} closes a call to {tool} at byte {pos}"
-            p.closed.append((tool, arg, m[2], start, pos + len(raw) + 1, pos))
+            assert m[2] == arg, f"ret {m[1]}({m[2]}) closes the call {tool}({arg}) at byte {pos}"
+            p.closed.append((tool, arg, m[3], start, pos + len(raw) + 1, pos))
         elif m := OBS_RE.fullmatch(line):
             p.obs.append(m[1])
         else:
@@ -104,9 +107,12 @@ def test_session_is_well_formed_and_matches_the_parsed_text(spec):
         # answers never in the filler: no digits, no tool name among its words
         words = {w.strip(".,:").lower() for o in p.obs for w in o.split()}
         assert not words & set(spec.tools)
-        # every argument and return value occurs exactly once in the session
+        # a closed call's argument occurs on its call and return lines, an open call's on its
+        # call line only, every return value once
         for _, arg, value, *_ in p.closed:
-            assert s.text.count(arg.encode()) == 1 and s.text.count(value.encode()) == 1
+            assert s.text.count(arg.encode()) == 2 and s.text.count(value.encode()) == 1
+        for _, arg, _ in p.open:
+            assert s.text.count(arg.encode()) == 1
 
 
 def test_long_sessions_accumulate_closed_calls_and_varied_observations_at_bounded_depth():
@@ -120,7 +126,7 @@ def test_long_sessions_accumulate_closed_calls_and_varied_observations_at_bounde
 
 def test_arguments_and_values_are_distinct_even_with_a_thousand_calls():
     for seed in range(3):
-        s = make_session(np.random.default_rng(seed), SessionSpec(depth=6, length=100_000, max_obs_sentences=1))
+        s = make_session(np.random.default_rng(seed), SessionSpec(depth=6, length=130_000, max_obs_sentences=1))
         p = parse(s.text)
         args = [c[1] for c in p.closed] + [arg for _, arg, _ in p.open]
         values = [c[2] for c in p.closed]
@@ -314,8 +320,8 @@ def test_sessions_with_copy_draw_copy_lines_at_their_share():
     assert get_mixer("agent-sessions+copy") is session_or_copy_sample and "agent-sessions+copy" in TASK_PROBES
     n, copies = 300, 0
     for i in range(n):
-        ids = session_or_copy_sample(np.random.default_rng([9, i]), 320, ByteTokenizer())
-        assert ids.shape == (321,)
+        ids = session_or_copy_sample(np.random.default_rng([9, i]), 384, ByteTokenizer())
+        assert ids.shape == (385,)
         copies += "q: " not in bytes(ids.tolist()).decode()
     # binomial(300, 1/3): sd 8.2; 4 sd either side
     assert abs(copies - n * COPY_SHARE) < 4 * (n * COPY_SHARE * (1 - COPY_SHARE)) ** 0.5

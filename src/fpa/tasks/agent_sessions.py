@@ -1,22 +1,27 @@
 """Agent sessions as text: tool-call logs in bytes whose questions need the calls still open.
 
 A session is ASCII lines, one event per line; calls open and close in stack order, and the
-return line names the tool it closes:
+return line names the call it closes:
 
-    call search(kiv27)          opens a call to tool ``search`` with argument ``kiv27``
-    obs: The sky is blue.       an observation (filler sentences, no digits, no tool names)
-    ret search -> 40917         closes the innermost open call (it must be to ``search``)
+    call search(kiv27) @2           opens a call to tool ``search`` with argument ``kiv27`` at depth 2
+    obs: The sky is blue.           an observation (filler sentences, no digits, no tool names)
+    ret search(kiv27) -> 40917 @2   closes the innermost open call (it must be that one)
 
-Arguments are 3 letters and 2 digits, return values 5 digits, all distinct within a session,
-so an answer string occurs in the session exactly once (on its call or return line) and never
-in the filler. At most ``depth`` calls are open at once. A session of ``length`` bytes is built
-around a planned spine: the calls left open at the end (1 to ``depth`` of them, the outermost
-opened in the first tenth of the session), and one closed call to the session's control tool,
-whose calls all close before ``retire * length`` bytes. Between them come observations of
-1 to ``max_obs_sentences`` sentences and closed sub-calls (nested, within the depth bound); the
-last line is an observation cut to make the length exact. So a long session keeps its depth
-bounded while observations and closed calls accumulate (once all ``depth`` calls of the spine are
-open, only observations follow).
+Arguments are 3 letters and 2 digits, return values 5 digits, all distinct within a session:
+an open call's argument occurs once (on its call line), a closed call's twice (call and return
+lines), a return value once, and none in the filler. The return line's echo is how real tool
+logs name what returned, and the depth tag ``@d`` (1 for a call opened with none open; a return
+carries its call's) is how a trace viewer shows nesting. They make the session itself teach the
+skills the questions need: every return copies the argument of the innermost open call
+(``open_arg``), every tag counts the calls open (``open_count``).
+
+At most ``depth`` calls are open at once. A session of ``length`` bytes is built around a planned
+spine: the calls left open at the end (1 to ``depth`` of them, the outermost opened in the first
+tenth of the session), and one closed call to the session's control tool, whose calls all close
+before ``retire * length`` bytes. Between them come observations of 1 to ``max_obs_sentences``
+sentences and closed sub-calls (nested, within the depth bound); the last line is an observation
+cut to make the length exact. So a long session keeps its depth bounded while observations and
+closed calls accumulate (once all ``depth`` calls of the spine are open, only observations follow).
 
 A question follows the session as ``q: <question>`` and ``a: ``; the answer is a short string
 ended by a newline (exact match, ``is_correct``). Kinds:
@@ -48,8 +53,8 @@ import numpy as np
 from fpa.checks import check_number, non_negative_int, positive_int
 
 TOOLS = ("search", "fetch", "read", "run", "ask", "write")
-CALL = "call {tool}({arg})\n"
-RET = "ret {tool} -> {value}\n"
+CALL = "call {tool}({arg}) @{depth}\n"
+RET = "ret {tool}({arg}) -> {value} @{depth}\n"
 OBS = "obs: {text}\n"
 QUESTIONS = {
     "open_arg": "q: arg of innermost open {tool}\na: call {tool}(",
@@ -134,12 +139,15 @@ class SessionSpec:
             )
 
 
-def _call_bytes(tool: str) -> int:
-    return len(CALL.format(tool=tool, arg="x" * (ARG_LETTERS + ARG_DIGITS)))
+def _call_bytes(tool: str, depth: int) -> int:
+    """Bytes of a call line to ``tool`` at ``depth`` (an upper bound for every smaller depth)."""
+    return len(CALL.format(tool=tool, arg="x" * (ARG_LETTERS + ARG_DIGITS), depth=depth))
 
 
-def _closed_bytes(tool: str) -> int:
-    return _call_bytes(tool) + len(RET.format(tool=tool, value="0" * VALUE_DIGITS))
+def _closed_bytes(tool: str, depth: int) -> int:
+    """Bytes of a call to ``tool`` at ``depth`` and its return line."""
+    arg = "x" * (ARG_LETTERS + ARG_DIGITS)
+    return _call_bytes(tool, depth) + len(RET.format(tool=tool, arg=arg, value="0" * VALUE_DIGITS, depth=depth))
 
 
 def min_length(spec: SessionSpec) -> int:
@@ -147,7 +155,7 @@ def min_length(spec: SessionSpec) -> int:
     (``depth`` open calls and one closed call, all before ``retire * length``) and the final
     observation."""
     longest = max(spec.tools, key=len)
-    planned = spec.depth * _call_bytes(longest) + _closed_bytes(longest)
+    planned = spec.depth * _call_bytes(longest, spec.depth) + _closed_bytes(longest, spec.depth)
     return max(planned + PAD_MIN, math.ceil(planned / spec.retire) + 1)
 
 
@@ -219,12 +227,13 @@ class _Builder:
         arg = self._fresh(ARG_LETTERS, ARG_DIGITS)
         self.calls.append(Call(tool=tool, arg=arg, depth=len(self.stack) + 1, start=self.n))
         self.stack.append(len(self.calls) - 1)
-        self._emit(CALL.format(tool=tool, arg=arg))
+        self._emit(CALL.format(tool=tool, arg=arg, depth=len(self.stack)))
 
     def close(self) -> None:
+        depth = len(self.stack)
         i = self.stack.pop()
         value = self._fresh(0, VALUE_DIGITS)
-        self._emit(RET.format(tool=self.calls[i].tool, value=value))
+        self._emit(RET.format(tool=self.calls[i].tool, arg=self.calls[i].arg, value=value, depth=depth))
         self.calls[i] = replace(self.calls[i], end=self.n, value=value)
 
     def obs(self, room: int) -> bool:
@@ -243,10 +252,11 @@ class _Builder:
         budget = min(room, int(math.exp(self.rng.uniform(math.log(32), math.log(MAX_SUBCALL)))))
         tools = [t for t in self.spec.tools if t != self.control or self.n + budget <= self.retire_at]
         tool = tools[int(self.rng.integers(len(tools)))]
-        if budget < _closed_bytes(tool):
+        size = _closed_bytes(tool, len(self.stack) + 1)
+        if budget < size:
             return False
         self.open(tool)
-        self.fill(budget - _closed_bytes(tool), stop=P_STOP)
+        self.fill(budget - size, stop=P_STOP)
         self.close()
         return True
 
@@ -274,7 +284,7 @@ def make_session(rng: np.random.Generator, spec: SessionSpec) -> Session:
     others = [t for t in spec.tools if t != control]
     k = spec.open_at_end or int(rng.integers(1, spec.depth + 1))
     longest = max(spec.tools, key=len)
-    planned = spec.depth * _call_bytes(longest) + _closed_bytes(longest)
+    planned = spec.depth * _call_bytes(longest, spec.depth) + _closed_bytes(longest, spec.depth)
     fractions = np.sort(rng.random(k))
     fractions[0] *= OUTER_SPAN
     spine = [int(f * (spec.length - planned - PAD_MIN)) for f in fractions]
@@ -314,7 +324,7 @@ def _question(rng: np.random.Generator, session: Session, kind: str) -> tuple[by
         tool = session.control_tool
         call = max((c for c in session.calls if c.tool == tool and c.end is not None), key=lambda c: c.end or 0)
         answer = call.value or ""
-        evidence = (call.end or 0) - len(RET.format(tool=tool, value=answer))
+        evidence = (call.end or 0) - len(RET.format(tool=tool, arg=call.arg, value=answer, depth=call.depth))
     else:
         answer = {
             "outer_tool": open_calls[0].tool,

@@ -54,7 +54,7 @@ def session(length: int, kept: float, open_right: float, closed_right: bool, see
 
 def decoded(method: str, length: int, kept: float, open_right: float, n: int = 1, budget=None) -> dict:
     """A decode stage's output: ``n`` sessions alike."""
-    ss = [session(length, kept, open_right, method == "full", seed=i) for i in range(n)]
+    ss = [session(length, kept, open_right, method == "fpa-full", seed=i) for i in range(n)]
     return dict(method=method, length=length, budget=budget, sessions=ss, accuracy={})
 
 
@@ -86,7 +86,7 @@ def stages(
             for m in METHODS:
                 if m == "fpa-rule":
                     out[decode_name(m, s, L)] = decoded(m, L, fpa_kept, fpa_right, n)
-                elif m == "full":
+                elif m == "fpa-full":
                     out[decode_name(m, s, L)] = decoded(m, L, float(L), 1.0, n)
                 else:
                     budget = round(fpa_kept) if m in BUDGET_METHODS else None

@@ -14,7 +14,7 @@ from fpa.experiments.agent.analysis import (
     run_figures,
     summarize,
 )
-from fpa.experiments.agent.preset import ARMS, BUDGET_METHODS, METHODS
+from fpa.experiments.agent.preset import BUDGET_METHODS, METHODS
 
 TIGHT = 1e-9  # the kept counts are exact powers of L: the log-log fit recovers the exponent to rounding
 
@@ -32,7 +32,7 @@ def test_growth_exponent_of_known_kept_counts(a):
     r = summarize(PRESET, stages(fpa_exponent=a))
     for seed in map(str, PRESET.seeds):
         assert r["growth"]["fpa-rule"][seed]["kept_exponent"] == pytest.approx(a, abs=TIGHT)
-        assert r["growth"]["full"][seed]["kept_exponent"] == pytest.approx(1.0, abs=TIGHT)
+        assert r["growth"]["fpa-full"][seed]["kept_exponent"] == pytest.approx(1.0, abs=TIGHT)
         assert r["growth"]["window"][seed]["kept_exponent"] == pytest.approx(a, abs=0.01)  # rounded budgets
 
 
@@ -57,16 +57,24 @@ def test_every_run_is_summarised_per_method_seed_and_length():
     assert parts["exponent"]["max"] == pytest.approx(0.1, abs=TIGHT)
 
 
-def test_a_failed_control_drops_the_seed_from_the_goal_but_not_from_the_runs():
-    r = summarize(PRESET, stages(passed={("fox", 1): False}))
+def test_a_failed_fpa_control_drops_the_seed_from_the_goal_but_not_from_the_runs():
+    r = summarize(PRESET, stages(passed={("fpa-walk-rule", 1): False}))
     assert r["counted_seeds"] == [0]
-    assert r["control"]["fox"]["1"]["passed"] is False and r["control"][ARMS[0]]["1"]["passed"] is True
-    assert "1" in r["runs"]["full"]  # still decoded and reported
+    assert r["control"]["fpa-walk-rule"]["1"]["passed"] is False and r["control"]["fox"]["1"]["passed"] is True
+    assert "1" in r["runs"]["fpa-full"] and "1" in r["runs"]["fpa-rule"]  # still decoded and reported
     assert r["goal"]["parts"]["exponent"]["by_seed"] == [pytest.approx(0.1, abs=TIGHT)]
-    everyone_failed = {(a, s): False for a in ARMS for s in PRESET.seeds}
-    r = summarize(PRESET, stages(passed=everyone_failed))
+    fpa_failed = {("fpa-walk-rule", s): False for s in PRESET.seeds}
+    r = summarize(PRESET, stages(passed=fpa_failed))
     assert r["counted_seeds"] == [] and r["pooled"] == {}
-    assert r["goal"] == {"met": False, "parts": {}, "reason": "no seed passed the 1x control on both arms"}
+    assert r["goal"] == {"met": False, "parts": {}, "reason": "no seed passed the FPA arm's 1x control"}
+
+
+def test_a_failed_fox_control_is_reported_and_leaves_the_goal_to_fpa():
+    # FoX is the architecture compared, not the reference of the goal: its failed control is a
+    # finding, the goal is about FPA's rule against the same model's full cache and budgets
+    r = summarize(PRESET, stages(passed={("fox", s): False for s in PRESET.seeds}))
+    assert r["counted_seeds"] == list(PRESET.seeds) and r["goal"]["met"] is True
+    assert all(r["control"]["fox"][str(s)]["passed"] is False for s in PRESET.seeds)
 
 
 @pytest.mark.parametrize(

@@ -63,7 +63,7 @@ def test_every_file_and_key_of_the_done_when(smoke):
             for m in BUDGET_METHODS:  # at FPA's memory: the budget, or every key when it exceeds the length
                 assert res["runs"][m][str(s)][str(L)]["kept_keys"] <= min(budget, L), (m, s, L)
             assert res["runs"]["window"][str(s)][str(L)]["kept_keys"] == min(budget, L)
-            assert res["runs"]["full"][str(s)][str(L)]["kept_keys"] == L  # one key per byte
+            assert res["runs"]["fpa-full"][str(s)][str(L)]["kept_keys"] == L  # one key per byte
     for arm in ARMS:
         assert set(res["control"][arm]) == set(seeds) and set(res["training"][arm]) == set(seeds)
     assert res["goal"]["met"] in (True, False, None) and set(res["diagnosis"]) == set(lengths)

@@ -63,8 +63,9 @@ def test_a_partial_run_reports_only_what_ran(tmp_path, ran):
 
 def test_a_failed_control_is_flagged_on_the_runs_of_that_arm():
     text = markdown(results(stages(passed={("fox", 1): False})))
-    assert re.search(r"^\| full \| 1\* \| ", text, flags=re.M)
+    assert re.search(r"^\| fox-rule \| 1\* \| ", text, flags=re.M)
     assert re.search(r"^\| fpa-rule \| 1 \| ", text, flags=re.M)  # the other arm passed on seed 1
+    assert re.search(r"^\| window \| 1 \| ", text, flags=re.M)  # the budgets run on the FPA model
     assert "| fox | 1 |" in text and "**no** |" in text
 
 

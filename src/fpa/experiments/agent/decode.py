@@ -62,15 +62,15 @@ def call_spans(session: Session) -> list[dict]:
     for i in session.stack:
         c = session.calls[i]
         a = c.start + ARG_AT + len(c.tool) + 1
-        line = len(CALL.format(tool=c.tool, arg=c.arg))
+        line = len(CALL.format(tool=c.tool, arg=c.arg, depth=c.depth))
         span = dict(line=(c.start, c.start + line), arg=(a, a + len(c.arg)))
         out.append(dict(role="open", tool=c.tool, depth=c.depth, text=c.arg, **span))
     closed = [c for c in session.calls if c.tool == session.control_tool and c.end is not None]
     if closed:
         c = max(closed, key=lambda c: c.end or 0)
         end = c.end or 0
-        start = end - len(RET.format(tool=c.tool, value=c.value))
-        v = end - 1 - len(c.value or "")
+        start = end - len(RET.format(tool=c.tool, arg=c.arg, value=c.value, depth=c.depth))
+        v = start + len(RET[: RET.index("{value}")].format(tool=c.tool, arg=c.arg))  # the value's offset
         span = dict(line=(start, end), arg=(v, v + len(c.value or "")))
         out.append(dict(role="closed", tool=c.tool, depth=c.depth, text=c.value, **span))
     return out

@@ -3,11 +3,11 @@ sessions under every method, write the report.
 
 Stages (resumable, fpa.experiments.stages; every recorded stage carries the commit it ran at):
 ``config``, ``data`` (the text corpus the trainer needs beside the task samples),
-``train-<arm>-s<seed>``, then ``control-<arm>-s<seed>`` with the methods that need no budget
-(``decode-fpa-rule-...``, ``decode-fox-rule-...``), then the full cache and the budget baselines
-(``decode-<method>-s<seed>-L<length>``, each budget from FPA's decode at that seed and length).
-Seeds that fail the control are still decoded (the budget was planned for them) and reported,
-flagged; the goal is judged on the seeds where both arms passed. results.json, report.md and the
+``train-<arm>-s<seed>``, then ``control-<arm>-s<seed>`` with the rules (``decode-fpa-rule-...``,
+``decode-fox-rule-...``), then FPA's full cache and the budget baselines on the FPA model
+(``decode-<method>-s<seed>-L<length>``, each budget from its rule's decode at that seed and
+length). Seeds that fail the control are still decoded (the budget was planned for them) and
+reported, flagged; the goal is judged on the seeds where the FPA arm passed. results.json, report.md and the
 plot are rewritten from the stage outputs at the end, and after ``stop_after``.
 """
 
@@ -20,7 +20,7 @@ from pathlib import Path
 from fpa.checks import positive_int
 from fpa.data.atomic import atomic_write_text
 from fpa.experiments.agent.analysis import CONTROL_METHOD, budget_of, decode_name, summarize
-from fpa.experiments.agent.preset import ARM_OF, ARMS, BUDGET_METHODS, AgentPreset
+from fpa.experiments.agent.preset import ARM_OF, ARMS, BUDGET_METHODS, FPA_ARM, AgentPreset
 from fpa.experiments.agent.workers import control_stage, decode_stage, train_arm, train_config
 from fpa.experiments.pool import Task, run_tasks
 from fpa.experiments.provenance import code_state, run_provenance
@@ -86,10 +86,9 @@ def run_agent(
         for L in reversed(p.lengths):  # the longest first: the slowest stages start while others wait
             for s in p.seeds:
                 budget = budget_of(done[decode_name("fpa-rule", s, L)])
-                second.append((decode_name("full", s, L), decode_stage, (pd, model[ARM_OF["full"], s], "full", L)))
+                second.append((decode_name("fpa-full", s, L), decode_stage, (pd, model[FPA_ARM, s], "fpa-full", L)))
                 second += [
-                    (decode_name(m, s, L), decode_stage, (pd, model[ARM_OF[m], s], m, L, budget))
-                    for m in BUDGET_METHODS
+                    (decode_name(m, s, L), decode_stage, (pd, model[FPA_ARM, s], m, L, budget)) for m in BUDGET_METHODS
                 ]
         done.update(run_tasks(stages, second, jobs, progress, desc="full cache, budgets"))
     return finish(p, out, stages, done, command)

@@ -58,12 +58,13 @@ def goal_lines(p: AgentPreset, r: dict) -> list[str]:
     out = [
         "## Goal",
         "",
-        f"FPA walk under its own rule answers the open questions at least as well as the full cache at every "
-        f"length, its kept keys grow as L^a with a <= {EXPONENT_MAX} (bounded by depth), and at {top} it is >= "
-        f"{100 * MARGIN:.0f} points above the best baseline at equal memory (window, StreamingLLM, TOVA, H2O). "
-        f"Judged on the seeds where both arms passed the 1x control: {r['counted_seeds'] or 'none'}."
+        f"FPA walk under its own rule answers the open questions at least as well as the same model with the full "
+        f"cache at every length, its kept keys grow as L^a with a <= {EXPONENT_MAX} (bounded by depth), and at {top} "
+        f"it is >= {100 * MARGIN:.0f} points above the best budget policy on the same model at equal memory (window, "
+        f"StreamingLLM, TOVA, H2O). Judged on the seeds where the FPA arm passed the 1x control: "
+        f"{r['counted_seeds'] or 'none'}."
         if r["control"]
-        else "Judged on the seeds where both arms pass the 1x control.",
+        else "Judged on the seeds where the FPA arm passes the 1x control.",
         "",
         f"Verdict: {verdict}" + (f" ({g['reason']})" if g["reason"] else ""),
     ]
@@ -123,7 +124,8 @@ def run_lines(p: AgentPreset, r: dict) -> list[str]:
         f"same for every model), depth <= {p.depth}, prefilled in chunks of {p.chunk_size} tokens, then each "
         "question answered greedily. Open: the four open kinds pooled; closed: `closed_ret`, the control that the "
         "memory of closed calls is really gone (a depth-bounded memory should miss it) or really kept. Kept keys: "
-        "per (layer, KV head), after the session. Budget methods hold FPA's kept keys of the same seed and length. "
+        "per (layer, KV head), after the session. The budget methods run on the FPA model and hold the keys its rule "
+        "held at the same seed and length. "
         "A seed marked * failed its arm's 1x control.",
         "",
         f"| method | seed | open {head} | closed {head} | kept keys {head} | exponent a | KiB held at "
@@ -234,9 +236,10 @@ def markdown(r: dict) -> str:
         f"{p.batch_size} agent sessions of {p.seq_len} bytes (fpa.tasks.agent_sessions, depth <= "
         f"{TRAIN_SPEC.depth}, a question and its answer at the end) on seeds {list(p.seeds)}: `fpa-walk-rule`, "
         f"an FPA walk with {p.fpa_options} trained (from step {p.evict_from_step} on) and served under its own "
-        f"rule FPAEviction({p.threshold:g}, within chunks); `fox`, FoX with {p.fox_overrides}, served with the "
-        f"full cache, its own rule FoXEviction({p.fox_threshold:g}) and, at FPA's memory, a window, "
-        f"StreamingLLM (4 sinks), TOVA and H2O.",
+        f"rule FPAEviction({p.threshold:g}, within chunks), and served as well with the full cache (`fpa-full`) "
+        f"and, at its rule's memory, with a window, StreamingLLM (4 sinks), TOVA and H2O; `fox`, FoX with "
+        f"{p.fox_overrides}, served with its own rule FoXEviction({p.fox_threshold:g}) (and with the full cache "
+        "in its 1x control).",
         "",
         stages_line(p, r),
         "",

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from fpa.experiments.agent.analysis import accuracy
-from fpa.experiments.agent.preset import BUDGET_METHODS, FPA_ARM, AgentPreset
+from fpa.experiments.agent.preset import ARM_OF, BUDGET_METHODS, FPA_ARM, FULL_METHODS, AgentPreset
 from fpa.tasks.agent_sessions import TRAIN_SPEC, SessionSpec, _max_tail_bytes
 
 
@@ -95,7 +95,7 @@ def make_policy(p: AgentPreset, method: str, budget: int | None = None):
             "tova": lambda: TOVA(b),
             "h2o": lambda: H2O(b),
         }[method]
-    if method == "full":
+    if method in FULL_METHODS:
         return lambda: None
     if method == "fpa-rule":
         return lambda: FPAEviction(p.threshold, within_chunks=True)
@@ -117,7 +117,9 @@ def _decode(p: AgentPreset, model_dir: str, method: str, length: int, seeds, bud
 
     torch.manual_seed(0)
     model, served = load_model(model_dir)
-    if (method == "fpa-rule") != (served is not None):
+    if method not in ARM_OF:
+        raise ValueError(f"unknown method {method!r}")
+    if (ARM_OF[method] == FPA_ARM) != (served is not None):
         raise ValueError(f"method {method!r} does not fit the model in {model_dir} (trained under {served})")
     spec = replace(SessionSpec(depth=p.depth, length=length), seeds=tuple(seeds))
     policy = make_policy(p, method, budget)
@@ -126,7 +128,7 @@ def _decode(p: AgentPreset, model_dir: str, method: str, length: int, seeds, bud
 
 
 def control_stage(p_dict: dict, model_dir: str, method: str) -> dict:
-    """The 1x control of one model as served (``method``: "fpa-rule" or "full"): held-out sessions
+    """The 1x control of one model as served (``method``: "fpa-rule" or "fox-full"): held-out sessions
     at the training length, one question of each kind; "passed" when the open kinds' accuracy is
     >= ``control_min``."""
     p = AgentPreset.from_dict(p_dict)
