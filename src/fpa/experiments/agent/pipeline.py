@@ -88,7 +88,8 @@ def run_agent(
                 budget = budget_of(done[decode_name("fpa-rule", s, L)])
                 second.append((decode_name("fpa-full", s, L), decode_stage, (pd, model[FPA_ARM, s], "fpa-full", L)))
                 second += [
-                    (decode_name(m, s, L), decode_stage, (pd, model[FPA_ARM, s], m, L, budget)) for m in BUDGET_METHODS
+                    (decode_name(m, s, L), decode_stage, (pd, model[ARM_OF[m], s], m, L, budget))
+                    for m in BUDGET_METHODS
                 ]
         done.update(run_tasks(stages, second, jobs, progress, desc="full cache, budgets"))
     return finish(p, out, stages, done, command)
