@@ -72,11 +72,11 @@ def test_estimate_grows_with_steps_lengths_sessions_and_seeds():
 
 
 def test_cpu_preset_stays_near_the_hour_at_the_lengths_it_reports():
-    # the hour is the target; the recipe that learns the copy at 1x takes 1000 steps and misses it
-    # by the estimate's ~18 min (docs/design.md): this bounds the miss, so that a change that makes
+    # the hour is the target; the recipe closest to the 1x control takes 1500 steps and misses it
+    # by the estimate's ~42 min (docs/design.md): this bounds the miss, so that a change that makes
     # it worse fails here
     p = PRESETS["cpu"]
-    assert estimate_minutes(p, jobs=2) <= 80
+    assert estimate_minutes(p, jobs=2) <= 105
     assert len(p.seeds) >= 3 and p.lengths == (10_000, 30_000, 100_000) and p.seq_len <= 1024
     assert estimate_minutes(SMOKE, jobs=1) < 1
 
