@@ -2,9 +2,10 @@
 
 Each task is ``(stage name, function, args)`` with a module-level ``function(*args) -> dict``
 (picklable, so it can run in a worker). Only the parent process records finished stages
-(``Stages.record``), so the state file has one writer. Workers start with the ``spawn`` method
-and ``os.cpu_count() // jobs`` torch threads each, and exit when the parent process dies (a killed
-run leaves no worker behind).
+(``Stages.record``), so the state file has one writer. Before it starts any, it refuses code that
+changed since the stamp of ``stages`` was taken (``provenance.refuse_changed_code``). Workers start
+with the ``spawn`` method and ``os.cpu_count() // jobs`` torch threads each, and exit when the
+parent process dies (a killed run leaves no worker behind).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from multiprocessing import get_context
 
 from fpa.checks import positive_int
+from fpa.experiments.provenance import refuse_changed_code
 from fpa.experiments.stages import Stages, read_json
 
 Task = tuple[str, Callable[..., dict], tuple]
@@ -61,6 +63,8 @@ def run_tasks(
     def record(name: str, result: tuple[dict, float]) -> None:
         out[name] = stages.record(name, *result)
 
+    if todo:
+        refuse_changed_code(stages.stamp)
     _execute(todo, jobs, progress, desc, record, stages.log)
     return out
 
@@ -75,6 +79,8 @@ def run_units(stages: Stages, units: Sequence[Task], jobs: int = 1, progress: bo
         for name, r in result[0].items():
             stages.record(name, r["output"], r["seconds"])
 
+    if units:
+        refuse_changed_code(stages.stamp)
     _execute(list(units), jobs, progress, desc, record, stages.log)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import shlex
 import subprocess
 import sys
@@ -24,10 +25,35 @@ def _git(*args: str) -> str | None:
 
 
 def code_state() -> dict:
-    """{"commit": 40 hex or None (not a git checkout), "dirty": whether src/ differs from it}."""
+    """{"commit": 40 hex or None (not a git checkout), "dirty": whether src/ differs from it,
+    "src": a digest of src/'s changes against the commit (the changed and untracked paths and the
+    diff of the tracked ones), so that two states with the same commit and different edits differ}."""
     commit = _git("rev-parse", "HEAD")
-    status = _git("status", "--porcelain", "--", "src") if commit else None
-    return {"commit": commit, "dirty": bool(status)}
+    status = _git("status", "--porcelain", "--untracked-files=all", "--", "src") if commit else None
+    diff = _git("diff", "HEAD", "--", "src") if status else ""
+    digest = hashlib.sha256(f"{status or ''}\0{diff or ''}".encode()).hexdigest()[:16]
+    return {"commit": commit, "dirty": bool(status), "src": digest}
+
+
+def refuse_changed_code(stamp: dict) -> None:
+    """Refuse to start stages when the code under src/ is no longer the code ``stamp`` (a run's
+    ``code_state()`` at its start) recorded: worker processes import the working tree as it is
+    when they start, so their stages would be computed by other code than the stamp says. A stamp
+    without "src" (a runner that records no code state) is not checked.
+
+    Raises:
+        RuntimeError: The commit or src/'s changes differ from the stamp's.
+    """
+    if "src" not in stamp:
+        return
+    now = code_state()
+    if (now["commit"], now["src"]) != (stamp.get("commit"), stamp["src"]):
+        was = f"{str(stamp.get('commit'))[:12]}{' with changes' if stamp.get('dirty') else ''}"
+        is_ = f"{str(now['commit'])[:12]}{' with changes' if now['dirty'] else ''}"
+        raise RuntimeError(
+            f"the code under src/ changed since this run started (commit {was}, now {is_}): the stages left "
+            "would import the new code under the old stamp; restore that code (or start a new folder) and resume"
+        )
 
 
 def command_line(argv: list[str] | None = None) -> str:

@@ -49,8 +49,7 @@ def run_agent(
     if stop_after not in (None, *STOP_AFTER):
         raise ValueError(f"stop_after must be None or one of {STOP_AFTER}, got {stop_after!r}")
     out = Path(out_dir)
-    code = code_state()
-    stages = Stages(out, log=log, stamp={"commit": code["commit"], "dirty": code["dirty"]})
+    stages = Stages(out, log=log, stamp=code_state())
     atomic_write_text(out / ".gitignore", "data/\nmodels/\n")  # the corpus and models stay out of git
     saved = stages.run("config", p.to_dict)
     if json.dumps(saved, sort_keys=True) != json.dumps(p.to_dict(), sort_keys=True):

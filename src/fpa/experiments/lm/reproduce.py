@@ -160,8 +160,7 @@ def _reproduce(
     runs = runs_of(p, methods)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and jobs > 1:
         raise ValueError("jobs > 1 is for one machine; under torchrun the ranks already share the training")
-    code = code_state()
-    stages = Stages(out, log=log, write=_is_main(), stamp={"commit": code["commit"], "dirty": code["dirty"]})
+    stages = Stages(out, log=log, write=_is_main(), stamp=code_state())
     if _is_main():  # the corpus and the trained models stay out of git; the report and results go in
         atomic_write_text(out / ".gitignore", "data/\nmodels/\n")
     cfg = stages.run("config", p.to_dict)
