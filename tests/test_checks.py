@@ -7,7 +7,15 @@ import math
 import numpy as np
 import pytest
 
-from fpa.checks import check_known_keys, check_number, closest_name, non_negative_int, positive_int
+from fpa.checks import (
+    check_known_keys,
+    check_number,
+    closest_name,
+    non_negative_int,
+    number_or_numbers,
+    positive_int,
+    spread_over_heads,
+)
 
 
 @pytest.mark.parametrize("bad", [0, -1, True, 1.0, "2", None, np.int64(3)])
@@ -74,3 +82,35 @@ def test_check_known_keys_names_each_unknown_key_with_a_hint():
     )
     with pytest.raises(ValueError, match=r"'old' \(did you mean the new one\?\); valid keys"):
         check_known_keys(["old"], ["lr"], "the config", hint=lambda k: "the new one" if k == "old" else None)
+
+
+def test_number_or_numbers_keeps_one_number_or_a_tuple_of_floats():
+    assert number_or_numbers("b", 2) == 2.0 and isinstance(number_or_numbers("b", 2), float)
+    assert number_or_numbers("b", [2, 5.5]) == (2.0, 5.5) and number_or_numbers("b", (1,)) == (1.0,)
+
+
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        (math.nan, "b must be a finite number (or a non-empty list of numbers, one per group of heads), got nan"),
+        ("2", "b must be a finite number (or a non-empty list of numbers, one per group of heads), got '2'"),
+        ([], "b must be a number or a non-empty list of numbers, got []"),
+        ([1.0, True], "b[1] must be a finite number, got True"),
+        ((1.0, math.inf), "b[1] must be a finite number, got inf"),
+    ],
+)
+def test_number_or_numbers_rejects(value, expected):
+    with pytest.raises(ValueError) as e:
+        number_or_numbers("b", value)
+    assert str(e.value) == expected
+
+
+def test_spread_over_heads_gives_each_value_a_run_of_consecutive_heads():
+    assert spread_over_heads("b", 3, 4) == [3.0] * 4
+    assert spread_over_heads("b", [1, 2], 4) == [1.0, 1.0, 2.0, 2.0]
+    assert spread_over_heads("b", [1, 2, 3], 6) == [1.0, 1.0, 2.0, 2.0, 3.0, 3.0]
+    assert spread_over_heads("b", [1, 2, 3, 4], 4) == [1.0, 2.0, 3.0, 4.0]
+    with pytest.raises(ValueError, match=r"b has 3 values, which must divide the number of heads \(4\)"):
+        spread_over_heads("b", [1, 2, 3], 4)
+    with pytest.raises(ValueError, match="num_heads must be a positive int"):
+        spread_over_heads("b", 1.0, 0)

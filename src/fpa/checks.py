@@ -46,6 +46,41 @@ def non_negative_int(name: str, value: object, what: str = "") -> int:
     return value
 
 
+def number_or_numbers(name: str, value: object) -> float | tuple[float, ...]:
+    """``value`` as a float, or a non-empty list or tuple of numbers as a tuple of floats (a
+    per-head setting: one value for every head, or one per group of heads, ``spread_over_heads``).
+
+    Raises:
+        ValueError: ``value`` is neither a finite number nor a non-empty sequence of them; the
+            message names ``name`` (and the index of a bad element).
+    """
+    if isinstance(value, (list, tuple)):
+        if not value:
+            raise ValueError(f"{name} must be a number or a non-empty list of numbers, got {value!r}")
+        return tuple(check_number(f"{name}[{i}]", v) for i, v in enumerate(value))
+    return check_number(name, value, what="or a non-empty list of numbers, one per group of heads")
+
+
+def spread_over_heads(name: str, value: float | tuple[float, ...], num_heads: int) -> list[float]:
+    """One float per head from a per-head setting: a number for every head; ``n`` values, ``n``
+    dividing ``num_heads``, each for ``num_heads // n`` consecutive heads (values (a, b) on four
+    heads: a, a, b, b).
+
+    Raises:
+        ValueError: ``value`` is not such a setting, or its length does not divide ``num_heads``.
+    """
+    v = number_or_numbers(name, value)
+    if isinstance(v, float):
+        return [v] * positive_int("num_heads", num_heads)
+    if positive_int("num_heads", num_heads) % len(v):
+        raise ValueError(
+            f"{name} has {len(v)} values, which must divide the number of heads ({num_heads}): "
+            "each value starts num_heads / len(values) consecutive heads"
+        )
+    per = num_heads // len(v)
+    return [v[h // per] for h in range(num_heads)]
+
+
 def check_number(
     name: str,
     value: object,

@@ -47,7 +47,9 @@ def test_model_info_prints_the_default_options(capsys):
         (dict(walk_increment="relu"), r"FPAOptions.walk_increment must be one of"),
         (dict(beta_activation="square"), r"FPAOptions.beta_activation must be one of"),
         (dict(beta_init=True), r"FPAOptions.beta_init must be a finite number, got True"),
-        (dict(walk_bias_init=math.nan), r"FPAOptions.walk_bias_init must be a finite number, got nan"),
+        (dict(walk_bias_init=math.nan), r"FPAOptions.walk_bias_init must be a finite number \(or a non-empty list"),
+        (dict(walk_bias_init=[]), r"FPAOptions.walk_bias_init must be a number or a non-empty list of numbers"),
+        (dict(walk_bias_init=[-0.1, "x"]), r"FPAOptions.walk_bias_init\[1\] must be a finite number, got 'x'"),
         (dict(level_offset_init=-math.inf), r"FPAOptions.level_offset_init must be a finite number, got -inf"),
         (dict(field_init_std=-0.1), r"FPAOptions.field_init_std must be a finite number >= 0, got -0.1"),
         (dict(field_lr_multiplier=0), r"FPAOptions.field_lr_multiplier must be a finite number in \(0, 1000\], got 0"),
@@ -96,3 +98,29 @@ def test_walk_bias_matching_fox_refuses_a_decay_out_of_reach():
         walk_bias_matching_fox(-1.0)  # decays by 1.31 per token; a walk at beta 0.69 tops out below 0.69
     with pytest.raises(ValueError, match="fgate_bias"):
         walk_bias_matching_fox(float("nan"))
+
+
+def test_walk_bias_init_per_group_of_heads_starts_each_head_at_its_value(tmp_path):
+    """A list of starting biases: each value starts num_heads / n consecutive heads of the walk (and
+    of FoX's forget gate, the same convention); it survives config.json as a tuple; a length that
+    does not divide the head count is refused before any model is built."""
+    from fpa.layers import ForgettingAttention
+    from fpa.models import FPAConfig
+
+    starts = [walk_bias_matching_fox(2.0), walk_bias_matching_fox(5.0)]
+    opts = FPAOptions(walk_bias_init=starts)
+    assert opts.walk_bias_init == tuple(starts) and FPAOptions.from_dict(opts.to_dict()) == opts
+    layer = FirstPassageAttention(32, 4, options=opts)
+    assert layer.increment_proj.bias.tolist() == pytest.approx([starts[0]] * 2 + [starts[1]] * 2)
+    fox = ForgettingAttention(32, 4, fgate_bias_init=[2.0, 5.0])
+    assert fox.fgate_proj.bias.tolist() == [2.0, 2.0, 5.0, 5.0]
+    with pytest.raises(ValueError, match=r"walk_bias_init has 3 values, which must divide the number of heads \(4\)"):
+        FirstPassageAttention(32, 4, options=FPAOptions(walk_bias_init=[0.0, -0.1, -0.2]))
+    with pytest.raises(ValueError, match=r"FPAConfig fpa.walk_bias_init has 3 values.*heads \(4\)"):
+        FPAConfig.from_preset("tiny", fpa={"walk_bias_init": [0.0, -0.1, -0.2]})
+    with pytest.raises(ValueError, match=r"FPAConfig fox_fgate_bias_init has 3 values.*heads \(4\)"):
+        FPAConfig.from_preset("tiny", attention="fox", fox_fgate_bias_init=[1, 2, 3])
+    c = FPAConfig.from_preset("tiny", attention="fox", fox_fgate_bias_init=[2, 5], fpa={"walk_bias_init": starts})
+    c.save_pretrained(tmp_path)
+    d = FPAConfig.from_pretrained(tmp_path)
+    assert d.fpa == opts and tuple(d.fox_fgate_bias_init) == (2.0, 5.0)

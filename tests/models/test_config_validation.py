@@ -19,6 +19,7 @@ BAD: dict[object, list[object]] = {  # kind / rule -> bad values
     ("real", "any"): [math.nan, math.inf, "1", True, None],
     ("real", ">0"): [0, -1, -1e-9, math.nan, math.inf, "1", True],
     ("real", ">=0"): [-1, -1e-9, math.nan, -math.inf, "0.1", False],
+    "reals": [math.nan, math.inf, "1", True, None, []],
     "fpa": ["walk", 1, [("mode", "walk")]],
     "token": [-1, 1.0, "0", True, 10**6],
 }

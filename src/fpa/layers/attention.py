@@ -15,6 +15,7 @@ from torch import Tensor, nn
 from fpa.cache.store.paged import alibi_past_bias
 from fpa.cache.store.state import LayerInfo, LayerState
 from fpa.cache.store.weights import attention_weights, causal_block_mask
+from fpa.checks import spread_over_heads
 from fpa.layers.base import AttentionBase, RMSNorm, SwiGLU
 from fpa.layers.first_passage import FirstPassageAttention
 from fpa.layers.fpa_form import (
@@ -49,7 +50,8 @@ class ForgettingAttention(AttentionBase):
     """FoX: forget gate f_t = sigmoid(w_h . x_t + b_h) per head; full forward via forgetting_attention.
 
     At initialisation w ~ N(0, 0.02^2) and b = fgate_bias_init (default 5, f ~ 0.993: little
-    forgetting). Decoding uses FPA's cache form with field = level = cumsum(log f), beta = 1 (P2).
+    forgetting; a list of n values starts num_heads / n consecutive heads at each,
+    fpa.checks.spread_over_heads). Decoding uses FPA's cache form with field = level = cumsum(log f), beta = 1 (P2).
     """
 
     def __init__(
@@ -60,12 +62,13 @@ class ForgettingAttention(AttentionBase):
         qk_norm: bool = False,
         output_gate: bool = False,
         head_dim: int | None = None,
-        fgate_bias_init: float = 5.0,
+        fgate_bias_init: float | tuple[float, ...] = 5.0,
     ):
         super().__init__(hidden_size, num_heads, num_kv_heads, head_dim, qk_norm, output_gate)
         self.fgate_proj = nn.Linear(hidden_size, num_heads)
         nn.init.normal_(self.fgate_proj.weight, std=0.02)
-        nn.init.constant_(self.fgate_proj.bias, fgate_bias_init)
+        with torch.no_grad():
+            self.fgate_proj.bias.copy_(torch.tensor(spread_over_heads("fgate_bias_init", fgate_bias_init, num_heads)))
 
     def cache_info(self) -> LayerInfo:
         """What a decoding cache needs to know of this layer: kind "fox", the head groups, beta = 1 per

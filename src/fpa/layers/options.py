@@ -15,7 +15,7 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from fpa.checks import check_known_keys, check_number, closest_name
+from fpa.checks import check_known_keys, check_number, closest_name, number_or_numbers
 
 FPA_MODES = ("walk", "free")
 LEVEL_OFFSETS = ("none", "head", "token")
@@ -39,7 +39,11 @@ class FPAOptions:
         walk_increment: Each walk step is ``tanh(w x + b)`` ("tanh": steps in (-1, 1)), the
             unbounded ``w x + b`` ("linear") or ``tanh(w x + b) * sigmoid(w' x + b')`` ("gated":
             saturates at -1, 0 and +1).
-        walk_bias_init: The starting bias b of the increment head (< 0 starts the walk as a decay).
+        walk_bias_init: The starting bias b of the increment head (< 0 starts the walk as a decay):
+            one number for every head, or a list of ``n`` numbers (``n`` dividing the layer's head
+            count), each the start of ``num_heads / n`` consecutive heads: heads started at several
+            timescales, e.g. ``[walk_bias_matching_fox(2), walk_bias_matching_fox(5)]`` (half the heads
+            forget within tens of tokens, half reach hundreds).
         beta_activation: The penalty strength per head is beta = exp(p) ("exp": Adam grows it by a
             factor per step) or softplus(p) ("softplus").
         beta_init: beta starts at softplus(beta_init) under either activation (0.69 for 0).
@@ -58,7 +62,7 @@ class FPAOptions:
     level_offset_init: float = 1.0
     level_offset_bias_init: float = -4.0
     walk_increment: str = "tanh"
-    walk_bias_init: float = 0.0
+    walk_bias_init: float | tuple[float, ...] = 0.0
     beta_activation: str = "exp"
     beta_init: float = 0.0
     field_init_std: float = 0.02
@@ -79,7 +83,8 @@ class FPAOptions:
                     else ""
                 )
                 raise ValueError(f"FPAOptions.{name} must be one of {choices}, got {val!r}{hint}")
-        for name in ("level_offset_init", "level_offset_bias_init", "walk_bias_init", "beta_init", "field_init_std"):
+        object.__setattr__(self, "walk_bias_init", number_or_numbers("FPAOptions.walk_bias_init", self.walk_bias_init))
+        for name in ("level_offset_init", "level_offset_bias_init", "beta_init", "field_init_std"):
             check_number(f"FPAOptions.{name}", getattr(self, name), low=0.0 if name == "field_init_std" else None)
         check_number("FPAOptions.field_lr_multiplier", self.field_lr_multiplier, low=0.0, high=1e3, low_open=True)
         if self.level_offset != "none" and self.mode != "walk":
@@ -87,7 +92,7 @@ class FPAOptions:
                 f"FPAOptions.level_offset={self.level_offset!r} needs mode='walk' (it offsets the walk's "
                 f"level), got mode={self.mode!r}; mode='free' has its own level head"
             )
-        for name in ("level_offset_init", "level_offset_bias_init", "walk_bias_init", "beta_init"):
+        for name in ("level_offset_init", "level_offset_bias_init", "beta_init"):
             object.__setattr__(self, name, float(getattr(self, name)))  # 1 and 1.0: one value, one JSON
         object.__setattr__(self, "field_init_std", float(self.field_init_std))
         object.__setattr__(self, "field_lr_multiplier", float(self.field_lr_multiplier))

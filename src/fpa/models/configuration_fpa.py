@@ -9,7 +9,15 @@ from typing import Any
 
 from transformers import PretrainedConfig
 
-from fpa.checks import check_known_keys, check_number, closest_name, non_negative_int, positive_int
+from fpa.checks import (
+    check_known_keys,
+    check_number,
+    closest_name,
+    non_negative_int,
+    number_or_numbers,
+    positive_int,
+    spread_over_heads,
+)
 from fpa.layers.attention import ATTENTION_TYPES
 from fpa.layers.options import OPTION_NAMES, FPAOptions
 
@@ -42,7 +50,8 @@ PRESETS = {
 }
 
 # Every FPAConfig field: (kind, rule). kind "int": a positive int; "bool"; "real": a finite number
-# with the rule ">0", ">=0" or "any"; "choice": one of the listed values (of the same type: 1 is
+# with the rule ">0", ">=0" or "any"; "reals": a number or a non-empty list of numbers (one per group
+# of heads, fpa.checks.spread_over_heads); "choice": one of the listed values (of the same type: 1 is
 # not True); "fpa": the FPA options (an FPAOptions or a dict of its fields); "token": a token id
 # (None or an int >= 0).
 FieldRule = tuple[object, ...] | str | None  # a "choice" field's values, a "real" field's rule, or None
@@ -58,7 +67,7 @@ FIELDS: dict[str, tuple[str, FieldRule]] = {
     "qk_norm": ("bool", None),
     "output_gate": ("bool", None),
     "tie_word_embeddings": ("bool", None),
-    "fox_fgate_bias_init": ("real", "any"),
+    "fox_fgate_bias_init": ("reals", None),
     "rope_theta": ("real", ">0"),
     "rms_norm_eps": ("real", ">0"),
     "initializer_range": ("real", ">=0"),
@@ -92,6 +101,8 @@ def check_field(name: str, val: object) -> None:
     elif kind == "token":
         if val is not None:
             non_negative_int(f"FPAConfig {name}", val, "a token id, or None")
+    elif kind == "reals":
+        number_or_numbers(f"FPAConfig {name}", val)
     elif kind == "fpa":
         FPAOptions.from_dict(val, "FPAConfig fpa")  # type: ignore[arg-type]
     elif kind == "choice":
@@ -197,6 +208,9 @@ class FPAConfig(PretrainedConfig):
                 f"num_attention_heads ({num_attention_heads}) must be a multiple of num_key_value_heads "
                 f"({num_key_value_heads})"
             )
+        # per-head starts must fit the head count now, not when the model is built
+        spread_over_heads("FPAConfig fox_fgate_bias_init", fox_fgate_bias_init, num_attention_heads)
+        spread_over_heads("FPAConfig fpa.walk_bias_init", FPAOptions.from_dict(fpa).walk_bias_init, num_attention_heads)
         for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
             if values[name] is not None and values[name] >= vocab_size:
                 raise ValueError(f"FPAConfig {name} must be < vocab_size ({vocab_size}), got {values[name]}")
@@ -205,7 +219,8 @@ class FPAConfig(PretrainedConfig):
         self.intermediate_size, self.attention = intermediate_size, attention
         self.fpa = FPAOptions.from_dict(fpa)
         self.qk_norm, self.output_gate = qk_norm, output_gate
-        self.fox_fgate_bias_init, self.rope_theta = fox_fgate_bias_init, rope_theta
+        self.fox_fgate_bias_init = number_or_numbers("FPAConfig fox_fgate_bias_init", fox_fgate_bias_init)
+        self.rope_theta = rope_theta
         self.rms_norm_eps, self.initializer_range = rms_norm_eps, initializer_range
         self.pad_token_id, self.bos_token_id, self.eos_token_id = pad_token_id, bos_token_id, eos_token_id
         # transformers takes tie_word_embeddings through **kwargs; its __init__ signature does not list it
