@@ -15,7 +15,6 @@ from torch import Tensor, nn
 from fpa.cache.store.paged import alibi_past_bias
 from fpa.cache.store.state import LayerInfo, LayerState
 from fpa.cache.store.weights import attention_weights, causal_block_mask
-from fpa.checks import spread_over_heads
 from fpa.layers.base import AttentionBase, RMSNorm, SwiGLU
 from fpa.layers.first_passage import FirstPassageAttention
 from fpa.layers.fpa_form import (
@@ -67,8 +66,7 @@ class ForgettingAttention(AttentionBase):
         super().__init__(hidden_size, num_heads, num_kv_heads, head_dim, qk_norm, output_gate)
         self.fgate_proj = nn.Linear(hidden_size, num_heads)
         nn.init.normal_(self.fgate_proj.weight, std=0.02)
-        with torch.no_grad():
-            self.fgate_proj.bias.copy_(torch.tensor(spread_over_heads("fgate_bias_init", fgate_bias_init, num_heads)))
+        self._init_bias_per_head(self.fgate_proj, "fgate_bias_init", fgate_bias_init)
 
     def cache_info(self) -> LayerInfo:
         """What a decoding cache needs to know of this layer: kind "fox", the head groups, beta = 1 per

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fpa.cache.store.state import LayerInfo, LayerState
+from fpa.checks import spread_over_heads
 
 
 class RMSNorm(nn.Module):
@@ -112,6 +113,12 @@ class AttentionBase(nn.Module):
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         return q, k, v
+
+    def _init_bias_per_head(self, lin: nn.Linear, name: str, value: float | tuple[float, ...]) -> None:
+        """Set ``lin``'s bias (one per query head) from a per-head setting ``value``
+        (fpa.checks.spread_over_heads; ``name`` is the setting's name in its error)."""
+        with torch.no_grad():
+            lin.bias.copy_(torch.tensor(spread_over_heads(name, value, self.num_heads)))
 
     def _per_head(self, lin: nn.Linear, x: Tensor) -> Tensor:
         """Linear head with one scalar per head -> (B, H, T), float32."""

@@ -12,7 +12,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fpa.cache.store.state import LayerInfo, LayerState
-from fpa.checks import spread_over_heads
 from fpa.layers.base import AttentionBase
 from fpa.layers.fpa_form import (
     check_training_threshold,
@@ -91,9 +90,7 @@ class FirstPassageAttention(AttentionBase):
             nn.init.normal_(lin.weight, std=std)
             nn.init.zeros_(lin.bias)
         if opts.mode == "walk":
-            biases = spread_over_heads("walk_bias_init", opts.walk_bias_init, num_heads)
-            with torch.no_grad():
-                self.increment_proj.bias.copy_(torch.tensor(biases))
+            self._init_bias_per_head(self.increment_proj, "walk_bias_init", opts.walk_bias_init)
         self.level_offset = (
             nn.Parameter(torch.full((num_heads,), opts.level_offset_init)) if opts.level_offset == "head" else None
         )

@@ -210,14 +210,15 @@ class FPAConfig(PretrainedConfig):
             )
         # per-head starts must fit the head count now, not when the model is built
         spread_over_heads("FPAConfig fox_fgate_bias_init", fox_fgate_bias_init, num_attention_heads)
-        spread_over_heads("FPAConfig fpa.walk_bias_init", FPAOptions.from_dict(fpa).walk_bias_init, num_attention_heads)
+        options = FPAOptions.from_dict(fpa)
+        spread_over_heads("FPAConfig fpa.walk_bias_init", options.walk_bias_init, num_attention_heads)
         for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
             if values[name] is not None and values[name] >= vocab_size:
                 raise ValueError(f"FPAConfig {name} must be < vocab_size ({vocab_size}), got {values[name]}")
         self.vocab_size, self.hidden_size, self.num_hidden_layers = vocab_size, hidden_size, num_hidden_layers
         self.num_attention_heads, self.num_key_value_heads = num_attention_heads, num_key_value_heads
         self.intermediate_size, self.attention = intermediate_size, attention
-        self.fpa = FPAOptions.from_dict(fpa)
+        self.fpa = options
         self.qk_norm, self.output_gate = qk_norm, output_gate
         self.fox_fgate_bias_init = number_or_numbers("FPAConfig fox_fgate_bias_init", fox_fgate_bias_init)
         self.rope_theta = rope_theta
