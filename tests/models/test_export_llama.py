@@ -76,7 +76,12 @@ def test_llama_greedy_generation_equal():
 
 @pytest.mark.parametrize(
     "kw,match",
-    [(dict(attention="fpa"), "softmax_rope"), (dict(qk_norm=True), "qk_norm"), (dict(output_gate=True), "output_gate")],
+    [
+        (dict(attention="fpa"), "softmax_rope"),
+        (dict(qk_norm=True), "qk_norm"),
+        (dict(output_gate=True), "output_gate"),
+        (dict(key_shift=True), "key_shift"),
+    ],
 )
 def test_refuses_non_llama(kw, match):
     c = FPAConfig(

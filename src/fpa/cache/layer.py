@@ -126,6 +126,9 @@ class LayerCache(LayerState, CacheLayerMixin):
         if self.last_field is not None:
             self.last_field = self.last_field.index_select(0, idx.to(self.last_field.device))
         self._fields = [f.index_select(0, idx.to(f.device)) for f in self._fields]
+        if self.key_carry is not None:
+            self.key_carry = self.key_carry.index_select(0, idx.to(self.key_carry.device))
+        self._raw_keys = [k.index_select(0, idx.to(k.device)) for k in self._raw_keys]
 
     def batch_repeat_interleave(self, repeats: int) -> None:
         """Repeat every batch row ``repeats`` times in place (row b becomes rows b * repeats ...)."""
@@ -145,12 +148,12 @@ class LayerCache(LayerState, CacheLayerMixin):
                 "crop (assisted or prompt-lookup decoding) needs an FPACache without an eviction "
                 "policy: evicted keys cannot be restored"
             )
-        keep = max(keep, 0)
+        if keep <= 0:  # nothing left: the state of a new cache layer
+            self.reset()
+            return
         self.store.truncate(keep)  # slot i holds token i: nothing was evicted or compacted
         valid, pos = self.store["valid"][:, 0], self.store["pos"][:, 0].long()
-        self.next_position = (
-            pos.masked_fill(~valid, -1).max(-1).values + 1 if keep else torch.zeros_like(self.next_position)
-        )
+        self.next_position = pos.masked_fill(~valid, -1).max(-1).values + 1
         if self._fields:
             field = torch.cat(self._fields, -1)[..., :keep]
             self._fields = [field]
@@ -161,4 +164,16 @@ class LayerCache(LayerState, CacheLayerMixin):
                 last = torch.where(real, torch.arange(keep, device=field.device), -1).max(-1).values
                 value = field.gather(-1, last.clamp(min=0)[..., None])[..., 0]
                 self.last_field = torch.where(last >= 0, value, torch.zeros_like(value))
+        if self._raw_keys:
+            self._crop_key_carry(keep, valid)
         self.length = keep
+
+    def _crop_key_carry(self, keep: int, valid: Tensor) -> None:
+        """After a crop to ``keep`` > 0 tokens: the key-shift carry is the unshifted key of each row's
+        latest real token among them (zero if none); valid (B, keep) marks the real ones."""
+        raw = torch.cat(self._raw_keys, 2)[:, :, :keep]  # (B, Hkv, keep, D)
+        self._raw_keys = [raw]
+        B, Hkv, _, D = raw.shape
+        slot = torch.where(valid, torch.arange(keep, device=valid.device), -1).max(-1).values  # (B,)
+        last = raw.gather(2, slot.clamp(min=0).to(raw.device)[:, None, None, None].expand(B, Hkv, 1, D))[:, :, 0]
+        self.key_carry = torch.where((slot >= 0).to(raw.device)[:, None, None], last, torch.zeros_like(last))

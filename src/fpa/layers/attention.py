@@ -62,8 +62,9 @@ class ForgettingAttention(AttentionBase):
         output_gate: bool = False,
         head_dim: int | None = None,
         fgate_bias_init: float | tuple[float, ...] = 5.0,
+        key_shift: bool = False,
     ):
-        super().__init__(hidden_size, num_heads, num_kv_heads, head_dim, qk_norm, output_gate)
+        super().__init__(hidden_size, num_heads, num_kv_heads, head_dim, qk_norm, output_gate, key_shift=key_shift)
         self.fgate_proj = nn.Linear(hidden_size, num_heads)
         nn.init.normal_(self.fgate_proj.weight, std=0.02)
         self._init_bias_per_head(self.fgate_proj, "fgate_bias_init", fgate_bias_init)
@@ -165,8 +166,9 @@ class SoftmaxAttention(AttentionBase):
         output_gate: bool = False,
         head_dim: int | None = None,
         rope_theta: float = 10000.0,
+        key_shift: bool = False,
     ):
-        super().__init__(hidden_size, num_heads, num_kv_heads, head_dim, qk_norm, output_gate)
+        super().__init__(hidden_size, num_heads, num_kv_heads, head_dim, qk_norm, output_gate, key_shift=key_shift)
         if position not in ("rope", "alibi", "nope"):
             raise ValueError(f"position must be rope, alibi or nope, got {position!r}")
         self.position, self.rope_theta = position, rope_theta
@@ -246,12 +248,14 @@ def make_attention(
     fpa: FPAOptions | dict | None = None,
     qk_norm: bool = False,
     output_gate: bool = False,
+    key_shift: bool = False,
     **kw,
 ) -> AttentionBase:
     """One switch over the attention family: ``attention`` in ATTENTION_TYPES. ``fpa``: the FPA
     options (FPAOptions or a dict of its fields; default ``FPAOptions()``), for attention="fpa"
-    only (ValueError otherwise). ``kw``: the chosen class's own other arguments."""
-    common: dict[str, Any] = dict(qk_norm=qk_norm, output_gate=output_gate, **kw)
+    only (ValueError otherwise). ``qk_norm``, ``output_gate``, ``key_shift``: AttentionBase's, for
+    every type. ``kw``: the chosen class's own other arguments."""
+    common: dict[str, Any] = dict(qk_norm=qk_norm, output_gate=output_gate, key_shift=key_shift, **kw)
     if attention == "fpa":
         return FirstPassageAttention(hidden_size, num_heads, num_kv_heads, options=fpa, **common)
     if fpa is not None:

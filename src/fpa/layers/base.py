@@ -14,6 +14,7 @@ from torch import Tensor, nn
 
 from fpa.cache.store.state import LayerInfo, LayerState
 from fpa.checks import spread_over_heads
+from fpa.layers.key_shift import shift_keys
 
 
 class RMSNorm(nn.Module):
@@ -56,7 +57,9 @@ class SwiGLU(nn.Module):
 
 
 class AttentionBase(nn.Module):
-    """q, k, v, o projections (+ optional per-head RMS qk-norm and a sigmoid output gate).
+    """q, k, v, o projections (+ optional per-head RMS qk-norm, a sigmoid output gate and a key
+    shift, fpa.layers.key_shift: ``key_shift_proj``, one gate per KV head and token, weights
+    ~ N(0, 0.02^2) and bias 0, so every key starts as the mean of its own and its predecessor's).
 
     Subclasses implement ``_attend(q, k, v, x, state, offset, mask, pos, need_weights)`` with
     q (B, Hq, T, D), k, v (B, Hkv, T, D) for the new tokens only; ``offset`` is the number of tokens
@@ -76,6 +79,7 @@ class AttentionBase(nn.Module):
         qk_norm: bool = False,
         output_gate: bool = False,
         bias: bool = False,
+        key_shift: bool = False,
     ):
         super().__init__()
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
@@ -96,20 +100,37 @@ class AttentionBase(nn.Module):
         self.q_norm = RMSNorm(head_dim) if qk_norm else None
         self.k_norm = RMSNorm(head_dim) if qk_norm else None
         self.gate_proj = nn.Linear(hidden_size, num_heads * head_dim, bias=False) if output_gate else None
+        if not isinstance(key_shift, bool):
+            raise ValueError(f"key_shift must be True or False, got {key_shift!r}")
+        self.key_shift_proj = nn.Linear(hidden_size, num_kv_heads) if key_shift else None
+        if self.key_shift_proj is not None:
+            nn.init.normal_(self.key_shift_proj.weight, std=0.02)
+            nn.init.zeros_(self.key_shift_proj.bias)
 
     def _heads(self, x: Tensor, n: int) -> Tensor:
         B, T, _ = x.shape
         return x.view(B, T, n, self.head_dim).transpose(1, 2)
 
-    def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def project(
+        self, x: Tensor, state: LayerState | None = None, mask: Tensor | None = None
+    ) -> tuple[Tensor, Tensor, Tensor]:
         """The query, key and value heads of hidden states x (B, T, hidden), as ``forward`` hands
         them to the attention: q (B, Hq, T, D), k and v (B, Hkv, T, D), in the projections' dtype,
-        with the qk-norm applied if the layer has one. No position encoding: a RoPE layer rotates q
-        and k at the positions it attends at (``fpa.layers.attention.rope``). An FPA layer's field
-        and level come from ``field_level(x)``."""
+        with the key shift and the qk-norm applied if the layer has them. With a key shift, a
+        ``state`` (decoding) supplies the previous call's last key and takes this call's; mask
+        (B, T) bool marks padding (False), which is never a key's predecessor. No position
+        encoding: a RoPE layer rotates q and k at the positions it attends at
+        (``fpa.layers.attention.rope``). An FPA layer's field and level come from ``field_level(x)``."""
         q = self._heads(self.q_proj(x), self.num_heads)
         k = self._heads(self.k_proj(x), self.num_kv_heads)
         v = self._heads(self.v_proj(x), self.num_kv_heads)
+        if self.key_shift_proj is not None:
+            logit = self.key_shift_proj(x).to(torch.promote_types(x.dtype, torch.float32))
+            gate = torch.sigmoid(logit).transpose(1, 2)  # (B, Hkv, T)
+            raw = k
+            k, carry = shift_keys(raw, gate, None if state is None else state.key_carry, mask)
+            if state is not None:
+                state.carry_keys(raw, carry)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         return q, k, v
@@ -121,7 +142,7 @@ class AttentionBase(nn.Module):
             lin.bias.copy_(torch.tensor(spread_over_heads(name, value, self.num_heads)))
 
     def _per_head(self, lin: nn.Linear, x: Tensor) -> Tensor:
-        """Linear head with one scalar per head -> (B, H, T), float32."""
+        """Linear head with one scalar per (query or KV) head -> (B, H, T), float32."""
         return lin(x).float().transpose(1, 2)
 
     @property
@@ -165,11 +186,11 @@ class AttentionBase(nn.Module):
                 f"got {type(state).__name__}"
             )
         B, T, _ = x.shape
-        q, k, v = self.project(x)
+        mask = None if attention_mask is None else attention_mask.to(device=x.device, dtype=torch.bool)
+        q, k, v = self.project(x, state, mask)
         if state is not None and state.info is None:
             state.configure(self.cache_info())
         offset = 0 if state is None else state.length
-        mask = None if attention_mask is None else attention_mask.to(device=x.device, dtype=torch.bool)
         o, w = self._attend(
             q, k, v, x, state, offset, mask=mask, pos=position_ids, need_weights=output_attentions
         )  # (B, Hq, T, D)

@@ -56,6 +56,7 @@ class FirstPassageAttention(AttentionBase):
         output_gate: A sigmoid output gate.
         head_dim: Per-head width (default hidden_size // num_heads).
         backend: The op's backend for a forward pass without a cache (fpa.ops).
+        key_shift: Mix each key with its predecessor's by a learned gate (fpa.layers.key_shift).
     """
 
     def __init__(
@@ -68,8 +69,9 @@ class FirstPassageAttention(AttentionBase):
         output_gate: bool = False,
         head_dim: int | None = None,
         backend: str = "auto",
+        key_shift: bool = False,
     ):
-        super().__init__(hidden_size, num_heads, num_kv_heads, head_dim, qk_norm, output_gate)
+        super().__init__(hidden_size, num_heads, num_kv_heads, head_dim, qk_norm, output_gate, key_shift=key_shift)
         opts = FPAOptions.from_dict(options, "options")
         self.options, self.mode, self.backend = opts, opts.mode, backend
         self.walk_increment, self.beta_activation = opts.walk_increment, opts.beta_activation

@@ -19,6 +19,7 @@ _CONFIG_FIELDS = (
     "vocab_size",
     "qk_norm",
     "output_gate",
+    "key_shift",
     "tie_word_embeddings",
 )
 

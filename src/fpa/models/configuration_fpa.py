@@ -66,6 +66,7 @@ FIELDS: dict[str, tuple[str, FieldRule]] = {
     "fpa": ("fpa", None),
     "qk_norm": ("bool", None),
     "output_gate": ("bool", None),
+    "key_shift": ("bool", None),
     "tie_word_embeddings": ("bool", None),
     "fox_fgate_bias_init": ("reals", None),
     "rope_theta": ("real", ">0"),
@@ -157,6 +158,7 @@ class FPAConfig(PretrainedConfig):
         fpa: FPAOptions | dict | None = None,
         qk_norm=False,
         output_gate=False,
+        key_shift=False,
         fox_fgate_bias_init=5.0,
         rope_theta=10000.0,
         rms_norm_eps=1e-6,
@@ -180,6 +182,7 @@ class FPAConfig(PretrainedConfig):
             fpa=fpa,
             qk_norm=qk_norm,
             output_gate=output_gate,
+            key_shift=key_shift,
             tie_word_embeddings=tie_word_embeddings,
             fox_fgate_bias_init=fox_fgate_bias_init,
             rope_theta=rope_theta,
@@ -219,7 +222,7 @@ class FPAConfig(PretrainedConfig):
         self.num_attention_heads, self.num_key_value_heads = num_attention_heads, num_key_value_heads
         self.intermediate_size, self.attention = intermediate_size, attention
         self.fpa = options
-        self.qk_norm, self.output_gate = qk_norm, output_gate
+        self.qk_norm, self.output_gate, self.key_shift = qk_norm, output_gate, key_shift
         self.fox_fgate_bias_init = number_or_numbers("FPAConfig fox_fgate_bias_init", fox_fgate_bias_init)
         self.rope_theta = rope_theta
         self.rms_norm_eps, self.initializer_range = rms_norm_eps, initializer_range
@@ -246,7 +249,7 @@ class FPAConfig(PretrainedConfig):
     def attention_kwargs(self) -> dict:
         """The keyword arguments of every layer's ``make_attention``: ``fpa`` (the FPAOptions) for
         FPA, the fox_* / rope field otherwise."""
-        kw: dict[str, Any] = dict(qk_norm=self.qk_norm, output_gate=self.output_gate)
+        kw: dict[str, Any] = dict(qk_norm=self.qk_norm, output_gate=self.output_gate, key_shift=self.key_shift)
         if self.attention == "fpa":
             kw.update(fpa=self.fpa)
         elif self.attention == "fox":

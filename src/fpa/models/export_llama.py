@@ -18,8 +18,8 @@ def llama_config(config):
 
     if config.attention != "softmax_rope":
         raise ValueError(f"only attention='softmax_rope' models are Llama models, got {config.attention!r}")
-    if config.qk_norm or config.output_gate:
-        raise ValueError("qk_norm / output_gate have no Llama counterpart: export needs both False")
+    if config.qk_norm or config.output_gate or config.key_shift:
+        raise ValueError("qk_norm / output_gate / key_shift have no Llama counterpart: export needs all three False")
     head_dim = config.hidden_size // config.num_attention_heads
     if head_dim % 2:
         raise ValueError(f"Llama's RoPE needs an even head dimension, got {head_dim}")

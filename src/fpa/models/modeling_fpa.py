@@ -31,6 +31,7 @@ _SIGNATURE_FIELDS = (
     "num_attention_heads",
     "num_key_value_heads",
     "qk_norm",
+    "key_shift",
     "vocab_size",
 )
 

@@ -3,7 +3,8 @@
 An attention layer given a state (``fpa.layers.base.AttentionBase.forward``) calls
 ``configure(info)`` on its first call, reads ``length`` (tokens seen), ``positions`` (of the new
 tokens), ``store`` (the cached keys, for the cached keys' bias: fpa.cache.store.paged),
-``last_field`` (walk mode and FoX: the walk continues from it), ``info.groups`` and
+``last_field`` (walk mode and FoX: the walk continues from it), ``key_carry`` (a key-shift layer:
+the last real token's key, fpa.layers.key_shift), ``info.groups`` and
 ``chunk_policy`` (a threshold rule applied inside the call, or None), and attends with
 ``attend`` (attention over the cached keys plus the new ones, then ``append``).
 
@@ -60,12 +61,14 @@ class LayerState:
     newest key); ``store[name]`` is a padded dense copy (B, Hkv, C, ...) / (B, Hq, C) for
     inspection. length: tokens seen, padding included. next_position (B,): the position the next
     real token of each row gets (tokens seen minus padding, unless explicit position ids said
-    otherwise). last_field (B, Hq): the walk's last value (walk mode, FoX). With ``need_weights``
+    otherwise). last_field (B, Hq): the walk's last value (walk mode, FoX). key_carry (B, Hkv, D):
+    a key-shift layer's unshifted key of the latest real token (``carry_keys``). With ``need_weights``
     set (TOVA, H2O), each call also records the attention weights of the new queries in two
     per-slot store fields: ``last`` = weights of the last query, mean over the query heads of each
     KV head, and ``score`` += the weights summed over every query and query head since the key
     arrived. While ``is_croppable``, the field history (B, Hq, length) of FPA/FoX layers is kept
-    (``_fields``) so that the running minima can be rebuilt after a crop.
+    (``_fields``) so that the running minima can be rebuilt after a crop, and so are a key-shift
+    layer's unshifted keys (``_raw_keys``), to rebuild its carry.
 
     Padding tokens (mask False) are stored as padding slots: no key, no walk step, no decay.
     """
@@ -82,6 +85,8 @@ class LayerState:
         self.need_weights = False
         self.is_croppable = croppable
         self._fields: list[Tensor] = []  # field history chunks (B, Hq, T), kept while croppable
+        self.key_carry: Tensor | None = None
+        self._raw_keys: list[Tensor] = []  # unshifted key chunks (B, Hkv, T, D), kept while croppable
 
     def configure(self, info: LayerInfo) -> None:
         """Set once, by the layer's first call: its kind, beta and bound (read by the policies).
@@ -121,6 +126,13 @@ class LayerState:
         if mask is None:
             return start[:, None] + torch.arange(T, device=device)
         return start[:, None] + torch.cumsum(mask.long(), -1) - mask.long()
+
+    def carry_keys(self, raw: Tensor, carry: Tensor) -> None:
+        """A key-shift layer's call: its unshifted new keys raw (B, Hkv, T, D) and the carry for the
+        next call (B, Hkv, D), the unshifted key of the latest real token."""
+        self.key_carry = carry.detach()
+        if self.is_croppable:
+            self._raw_keys.append(raw.detach())
 
     def past(self, name: str, like: Tensor) -> Tensor:
         """The stored field ``name`` or an empty (B, H, 0, ...) tensor shaped like ``like``."""
@@ -219,8 +231,9 @@ class LayerState:
 
     def bytes_held(self) -> int:
         """Bytes of the store (keys, values, positions, levels, minima, scores, padding included)
-        plus the field history kept for crop."""
-        hist = sum(f.numel() * f.element_size() for f in self._fields)
+        plus the key-shift carry and the histories kept for crop."""
+        kept = self._fields + self._raw_keys + ([] if self.key_carry is None else [self.key_carry])
+        hist = sum(f.numel() * f.element_size() for f in kept)
         return hist + (0 if self.store is None else self.store.bytes_held())
 
     def bytes_live(self) -> int:
