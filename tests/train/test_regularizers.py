@@ -71,3 +71,33 @@ def test_trainer_uses_it(tiny_cfg):
     assert summary["steps"] == 2
     with pytest.raises(ValueError, match="live_reg needs attention='fpa'"):
         tiny_cfg(attention="fox", live_reg=0.5)
+
+
+def test_inactive_regularizer_computes_nothing():
+    model = _model().train()
+    reg = LiveFractionRegularizer(model, weight=1.0, threshold=1.0)
+    reg.active = False
+    model(input_ids=torch.randint(0, 257, (1, 8)))
+    assert reg.penalty().item() == 0.0
+    reg.active = True
+    model(input_ids=torch.randint(0, 257, (1, 8)))
+    assert reg.penalty().item() > 0
+    reg.close()
+
+
+def test_trainer_starts_it_at_live_reg_from_step(tiny_cfg, monkeypatch):
+    seen = []
+    original = LiveFractionRegularizer.penalty
+
+    def spy(self):
+        out = original(self)
+        seen.append(out.item())
+        return out
+
+    monkeypatch.setattr(LiveFractionRegularizer, "penalty", spy)
+    train(tiny_cfg(attention="fpa", fpa_mode="walk", steps=4, live_reg=0.5, live_reg_from_step=2))
+    assert len(seen) == 4 and seen[:2] == [0.0, 0.0] and min(seen[2:]) > 0
+    with pytest.raises(ValueError, match="live_reg_from_step is 2 but live_reg is 0"):
+        tiny_cfg(attention="fpa", live_reg_from_step=2)
+    with pytest.raises(ValueError, match="live_reg_from_step must be a non-negative int"):
+        tiny_cfg(attention="fpa", live_reg=0.5, live_reg_from_step=-1)

@@ -46,6 +46,7 @@ HELP = {
     "mix_rate": "fraction of sequences replaced by --mix-task samples, in [0, 1]",
     "live_reg": "weight of the live-fraction regularizer (fpa.train.regularizers; 0: off; FPA models only)",
     "live_reg_threshold": "eviction threshold whose soft kept fraction the live-fraction regularizer penalises",
+    "live_reg_from_step": "first step with the live-fraction term (before it, none)",
     "evict_threshold": "train with FPA's eviction rule in the loop: mask a key once beta * dip > EVICT_THRESHOLD, "
     "as FPAEviction(EVICT_THRESHOLD) evicts it when decoding (FPA models only; default: off)",
     "evict_from_step": "first step trained under --evict-threshold (before it, attention as usual)",

@@ -60,6 +60,7 @@ class TrainConfig:
     tensorboard: bool = False
     live_reg: float = 0.0  # weight of fpa.train.regularizers.LiveFractionRegularizer (0 = off; FPA models only)
     live_reg_threshold: float = 16.0  # the eviction threshold whose soft kept fraction it penalises
+    live_reg_from_step: int = 0  # ... from this step on (before it, no live-fraction term)
     evict_threshold: float | None = (
         None  # train with FPAEviction(evict_threshold) inside attention (None = off; FPA only)
     )
@@ -81,7 +82,7 @@ class TrainConfig:
             "eval_batches",
         ):
             positive_int(name, getattr(self, name))
-        for name in ("warmup_steps", "seed", "evict_from_step"):
+        for name in ("warmup_steps", "seed", "evict_from_step", "live_reg_from_step"):
             non_negative_int(name, getattr(self, name))
         check_number("live_reg", self.live_reg, low=0)
         check_number("live_reg_threshold", self.live_reg_threshold, low=0, low_open=True)
@@ -94,6 +95,8 @@ class TrainConfig:
                 )
         elif self.evict_from_step:
             raise ValueError(f"evict_from_step is {self.evict_from_step} but evict_threshold is not set")
+        if self.live_reg_from_step and self.live_reg == 0:
+            raise ValueError(f"live_reg_from_step is {self.live_reg_from_step} but live_reg is 0 (off)")
         if self.live_reg > 0 and self.attention != "fpa":
             raise ValueError(f"live_reg needs attention='fpa' (it regularises FPA's penalties), got {self.attention!r}")
         check_number("lr", self.lr, low=0, low_open=True)

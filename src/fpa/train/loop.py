@@ -42,6 +42,7 @@ RESUME_KEYS = (
     "mix_rate",
     "live_reg",
     "live_reg_threshold",
+    "live_reg_from_step",
     "evict_threshold",
     "evict_from_step",
 )
@@ -258,6 +259,8 @@ def _run(cfg: TrainConfig, d: D.Dist, on_step) -> dict:
         t0 = time.perf_counter()
         if cfg.evict_threshold is not None and step in (start, cfg.evict_from_step):
             set_training_eviction(model, cfg.evict_threshold if step >= cfg.evict_from_step else None)
+        if reg is not None:
+            reg.active = step >= cfg.live_reg_from_step
         rec = _train_step(model, opt, batches, step, cfg, d, micro, reg)
         if d.device.type == "cuda":
             torch.cuda.synchronize()

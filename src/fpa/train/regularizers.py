@@ -20,7 +20,11 @@ from fpa.ops.field import dip
 
 class LiveFractionRegularizer:
     """Attach to ``model``; after each forward in training mode, ``penalty()`` returns the term to
-    add to the loss (and clears it). ``close()`` removes the hooks."""
+    add to the loss (and clears it). While ``active`` is False (the trainer's steps before
+    ``live_reg_from_step``) the hooks compute nothing and the term is zero. ``close()`` removes
+    the hooks."""
+
+    active: bool = True
 
     def __init__(self, model: nn.Module, weight: float, threshold: float, temperature: float = 1.0):
         for name, val in (("weight", weight), ("threshold", threshold), ("temperature", temperature)):
@@ -33,7 +37,7 @@ class LiveFractionRegularizer:
         self._handles = [m.register_forward_hook(self._hook) for m in layers]
 
     def _hook(self, module: FirstPassageAttention, args: tuple, output) -> None:
-        if not module.training:
+        if not module.training or not self.active:
             return
         x = args[0]  # (B, T, hidden): the layer's input
         field, level = module.field_level(x)  # (B, H, T) each

@@ -96,3 +96,15 @@ def test_the_mix_task_reaches_the_trainer():
 
     p = dataclasses.replace(SMOKE, mix_task="agent-sessions+copy")
     assert train_config(p, "fox", 0, "/tmp/x", "/tmp/d", progress=False).mix_task == "agent-sessions+copy"
+
+
+def test_live_reg_reaches_the_fpa_arm_from_the_rule_switch():
+    from fpa.experiments.agent.preset import FOX_ARM, FPA_ARM
+    from fpa.experiments.agent.workers import train_config
+
+    p = dataclasses.replace(SMOKE, live_reg=0.1, evict_from_step=1)
+    fpa = train_config(p, FPA_ARM, 0, "/tmp/x", "/tmp/d", progress=False)
+    assert (fpa.live_reg, fpa.live_reg_threshold, fpa.live_reg_from_step) == (0.1, p.threshold, 1)
+    assert train_config(p, FOX_ARM, 0, "/tmp/x", "/tmp/d", progress=False).live_reg == 0.0
+    with pytest.raises(ValueError, match="live_reg must be a finite number >= 0"):
+        dataclasses.replace(SMOKE, live_reg=-1.0)

@@ -45,7 +45,9 @@ class AgentPreset:
     ``model_preset`` with ``model_overrides`` (FPA: ``fpa_options``; FoX: ``fox_overrides``). The
     FPA arm trains under its rule from step ``evict_from_step`` on (before it, attention as usual:
     trained under the rule from the first step, a model whose untrained walk hides the keys an
-    answer needs gets no gradient to keep them).
+    answer needs gets no gradient to keep them); with ``live_reg`` > 0 it also pays, from the same
+    step, that weight times its heads' soft kept fraction at the rule's threshold
+    (fpa.train.regularizers.LiveFractionRegularizer: a head that keeps every key costs something).
     ``mix_task``: "agent-sessions" (sessions only) or "agent-sessions+copy" (a third of the
     sequences copy lines "S is S. ", the copying skill an ``open_arg`` answer needs, as in the
     headline recipe). The trainer also needs a text corpus (``data_source``, at most ``corpus_max_bytes``): its
@@ -74,6 +76,7 @@ class AgentPreset:
     threshold: float = 2.0
     evict_from_step: int = 0
     fox_threshold: float = 8.0
+    live_reg: float = 0.0
     model_preset: str = "tiny"
     model_overrides: dict[str, Any] = field(default_factory=lambda: {"num_hidden_layers": 2})
     fpa_options: dict[str, Any] = field(default_factory=lambda: {"level_offset": "token"})
@@ -118,7 +121,7 @@ class AgentPreset:
         if body < min_length(TRAIN_SPEC):
             need = min_length(TRAIN_SPEC) + _max_tail_bytes(TRAIN_SPEC) - 1
             raise ValueError(f"preset {self.name!r}: seq_len must be >= {need} for agent sessions, got {self.seq_len}")
-        for name in ("threshold", "fox_threshold"):
+        for name in ("threshold", "fox_threshold", "live_reg"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                 raise ValueError(f"preset {self.name!r}: {name} must be a finite number >= 0, got {v!r}")

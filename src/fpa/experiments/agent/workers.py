@@ -17,7 +17,8 @@ from fpa.tasks.agent_sessions import TRAIN_SPEC, SessionSpec, _max_tail_bytes
 def train_config(p: AgentPreset, arm: str, seed: int, out_dir: str | Path, data_dir: str | Path, progress: bool):
     """The TrainConfig of ``arm`` on ``seed``: agent sessions at ``p.seq_len``; the FPA arm is a walk
     with ``p.fpa_options`` trained under FPAEviction(``p.threshold``) (``evict_threshold``) from step
-    ``p.evict_from_step`` on."""
+    ``p.evict_from_step`` on, and with ``p.live_reg`` > 0 the live-fraction term at that threshold
+    from the same step."""
     from fpa.train import TrainConfig
 
     fpa = arm == FPA_ARM
@@ -45,6 +46,9 @@ def train_config(p: AgentPreset, arm: str, seed: int, out_dir: str | Path, data_
         progress=progress,
         evict_threshold=p.threshold if fpa else None,
         evict_from_step=p.evict_from_step if fpa else 0,
+        live_reg=p.live_reg if fpa else 0.0,
+        live_reg_threshold=p.threshold if fpa and p.live_reg else TrainConfig.live_reg_threshold,
+        live_reg_from_step=p.evict_from_step if fpa and p.live_reg else 0,
     )
 
 
