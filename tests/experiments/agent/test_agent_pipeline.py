@@ -95,3 +95,20 @@ def test_the_command_line_resumes_a_finished_run(smoke, capsys):
     assert "report.md" in capsys.readouterr().out
     assert main(["agent", "--preset", "smoke", "--out", str(out), "--seeds", "1,1"]) == 2
     assert "--seeds" in capsys.readouterr().err
+
+
+def test_one_arm_alone_trains_and_controls_that_arm_only(tmp_path, capsys):
+    from fpa.experiments.agent.preset import FOX_ARM, FPA_ARM
+
+    res = run_agent(SMOKE, tmp_path, progress=False, stop_after="control", arms=(FPA_ARM,), log=lambda m: None)
+    assert set(res["control"]) == {FPA_ARM} and set(res["training"][FOX_ARM]) == set()
+    assert sorted(p.name for p in (tmp_path / "models").iterdir()) == [f"{FPA_ARM}-s{s}" for s in SMOKE.seeds]
+    with pytest.raises(ValueError, match="one arm alone needs stop_after"):
+        run_agent(SMOKE, tmp_path, arms=(FPA_ARM,))
+    with pytest.raises(ValueError, match="arms must be distinct names"):
+        run_agent(SMOKE, tmp_path, stop_after="train", arms=("fpa",))
+    argv = ["agent", "--preset", "smoke", "--out", str(tmp_path), "--arms", "fpa"]
+    assert main([*argv, "--stop-after", "train"]) == 2
+    assert "--arms must be a comma list of distinct arms" in capsys.readouterr().err
+    assert main(["agent", "--preset", "smoke", "--out", str(tmp_path), "--arms", FPA_ARM]) == 2
+    assert "--arms with one arm needs --stop-after" in capsys.readouterr().err

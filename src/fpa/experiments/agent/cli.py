@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from fpa.experiments.agent.preset import PRESETS, estimate_minutes
+from fpa.experiments.agent.preset import ARMS, PRESETS, estimate_minutes
 
 
 def times_text() -> str:
@@ -34,8 +34,14 @@ def run(args) -> int:
     if args.seeds is not None:
         p = dataclasses.replace(p, seeds=seed_list(args.seeds))
     positive_int("--jobs", args.jobs)
+    arms = ARMS if args.arms is None else tuple(a.strip() for a in args.arms.split(","))
+    bad = [a for a in arms if a not in ARMS]
+    if bad or len(set(arms)) != len(arms):
+        raise ValueError(f"--arms must be a comma list of distinct arms from {ARMS}, got {args.arms!r}")
+    if set(arms) != set(ARMS) and args.stop_after is None:
+        raise ValueError("--arms with one arm needs --stop-after train or control (the long decodes compare both arms)")
     out = writable_dir(args.out, "--out")
-    run_agent(p, out, jobs=args.jobs, progress=not args.no_progress, stop_after=args.stop_after)
+    run_agent(p, out, jobs=args.jobs, progress=not args.no_progress, stop_after=args.stop_after, arms=arms)
     print(f"wrote {Path(out) / 'report.md'} and results.json")
     return 0
 
@@ -66,6 +72,11 @@ def add_parser(subparsers) -> None:
         choices=STOP_AFTER,
         default=None,
         help="stop after the training stages, or after the 1x controls (the report covers what ran)",
+    )
+    r.add_argument(
+        "--arms",
+        help=f"comma list of the arms to train and control (default: both, {','.join(ARMS)}); one arm "
+        "alone needs --stop-after (tuning one arm's recipe)",
     )
     r.add_argument("--no-progress", action="store_true", help="no progress bars")
     r.set_defaults(func=run)

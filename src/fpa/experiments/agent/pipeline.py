@@ -38,16 +38,26 @@ def run_agent(
     stop_after: str | None = None,
     command: str | None = None,
     log: Callable[[str], None] = console_line,
+    arms: tuple[str, ...] = ARMS,
 ) -> dict:
     """Run (or resume) every stage of preset ``p`` in ``out_dir``, ``jobs`` at a time in worker
-    processes; returns the results (as written to results.json).
+    processes; returns the results (as written to results.json). ``arms``: the arms trained and
+    controlled (a subset only with ``stop_after``: tuning one arm's recipe; the decodes compare
+    both).
 
     Raises:
-        ValueError: A bad ``jobs`` or ``stop_after``, or an ``out_dir`` holding another preset's run.
+        ValueError: A bad ``jobs``, ``stop_after`` or ``arms``, or an ``out_dir`` holding another
+            preset's run.
     """
     positive_int("jobs", jobs)
     if stop_after not in (None, *STOP_AFTER):
         raise ValueError(f"stop_after must be None or one of {STOP_AFTER}, got {stop_after!r}")
+    if not arms or len(set(arms)) != len(arms) or not set(arms) <= set(ARMS):
+        raise ValueError(f"arms must be distinct names from {ARMS}, got {arms!r}")
+    if set(arms) != set(ARMS) and stop_after is None:
+        raise ValueError(
+            f"arms {arms!r}: one arm alone needs stop_after 'train' or 'control' (the long decodes compare both arms)"
+        )
     out = Path(out_dir)
     stages = Stages(out, log=log, stamp=code_state())
     atomic_write_text(out / ".gitignore", "data/\nmodels/\n")  # the corpus and models stay out of git
@@ -58,12 +68,12 @@ def run_agent(
         )
     data_dir = out / "data"
     stages.run("data", lambda: _prepare(p, data_dir))
-    model_dir = {(a, s): str(out / "models" / f"{a}-s{s}") for a in ARMS for s in p.seeds}
+    model_dir = {(a, s): str(out / "models" / f"{a}-s{s}") for a in arms for s in p.seeds}
     quiet = progress and jobs == 1
     train: list[Task] = [
         (f"train-{a}-s{s}", train_arm, (train_config(p, a, s, model_dir[a, s], data_dir, quiet).to_dict(),))
         for s in p.seeds
-        for a in ARMS
+        for a in arms
     ]
     done = run_tasks(stages, train, jobs, progress, desc="train")
     model = {k: str(Path(v) / "model") for k, v in model_dir.items()}

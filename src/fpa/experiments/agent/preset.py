@@ -227,11 +227,13 @@ PRESETS = {
         corpus_max_bytes=60_000,
     ),
     # 2 cores: the headline's 2-layer width-128 byte model on 384-byte sessions, a third of the
-    # sequences copy lines, the FPA walk started as FoX at bias 2 (docs/design.md, "Long agent
-    # sessions": the recipes tried). 640 steps (what fits the hour) learned no copy on the tuning
-    # seeds; 1000 learned it on one of two; 1500 with the rule from step 1000 at threshold 4 came
-    # closest to the control (at threshold 2 the switch undid the copy). The hour is missed by
-    # the estimate's ~42 min
+    # sequences copy lines, keys shifted by one token, and in each layer two heads started as FoX
+    # at forget-gate bias 2 and two at 5 (the FPA walk at the matching increment biases)
+    # (docs/design.md, "Long agent sessions" and "Where the copy stalls": the recipes tried). 640
+    # steps (what fits the hour) learned no copy on the tuning seeds; 1500 with the rule from step
+    # 1000 at threshold 4 came closest to the control (at threshold 2 the switch undid the copy).
+    # Without the key shift and the two timescales, the content lookup open_arg needs came on
+    # some seeds only. The hour is missed
     "cpu": AgentPreset(
         name="cpu",
         steps=1500,
@@ -247,7 +249,12 @@ PRESETS = {
         threshold=4.0,
         evict_from_step=1000,
         mix_task="agent-sessions+copy",
-        fpa_options={"level_offset": "token", "walk_bias_init": walk_bias_matching_fox(2.0)},
+        model_overrides={"num_hidden_layers": 2, "key_shift": True},
+        fpa_options={
+            "level_offset": "token",
+            "walk_bias_init": [walk_bias_matching_fox(2.0), walk_bias_matching_fox(5.0)],
+        },
+        fox_overrides={"fox_fgate_bias_init": [2.0, 5.0]},
     ),
 }
 
