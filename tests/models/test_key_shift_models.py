@@ -88,7 +88,10 @@ def test_prompt_lookup_and_beam_search_equal_the_plain_paths(att, mode):
     ref, gap = scored(m, ids, **kw)
     assert gap >= MIN_GAP, gap
     got = m.generate(ids, do_sample=False, prompt_lookup_num_tokens=3, **{CACHE_ARG: FPACache()}, **kw)
-    assert torch.equal(got, ref)
+    # transformers 5.2's prompt lookup can return tokens past max_new_tokens when the last draft is
+    # accepted (huggingface/transformers#47195; here 9 for fox, with or without an FPACache; 5.24
+    # returns 8): the tokens up to the limit are the claim
+    assert got.shape[1] >= ref.shape[1] and torch.equal(got[:, : ref.shape[1]], ref)
     beams = dict(num_beams=3, max_new_tokens=4, output_scores=True, return_dict_in_generate=True)
     x = prompts(seed=2, lengths=(7,))[0][None]
     a, b = m.generate(x, **beams), m.generate(x, use_cache=False, **beams)
