@@ -64,6 +64,18 @@ def padded(rows, side, total=None, pad=0):
     return ids, mask
 
 
+def prefill_in_chunks(m, ids, mask, cache, step=3):
+    """The logits (B, T, vocab) of ids (B, T) fed through ``cache`` ``step`` tokens at a time, with
+    the attention mask of everything seen so far."""
+    T = ids.shape[1]
+    with torch.no_grad():
+        parts = [
+            m(ids[:, a : a + step], attention_mask=mask[:, : a + step], past_key_values=cache, use_cache=True).logits
+            for a in range(0, T, step)
+        ]
+    return torch.cat(parts, 1)
+
+
 def prompts(seed=1, lengths=(9, 5, 2)):
     g = torch.Generator().manual_seed(seed)
     return [torch.randint(1, 37, (n,), generator=g) for n in lengths]
@@ -91,12 +103,8 @@ def test_mask_through_a_cache_in_chunks(att, mode):
     rows = prompts(lengths=(8, 3))
     ids, mask = padded(rows, "left")
     cache = FPACache()
+    got = prefill_in_chunks(m, ids, mask, cache)
     with torch.no_grad():
-        parts = [
-            m(ids[:, a : a + 3], attention_mask=mask[:, : a + 3], past_key_values=cache, use_cache=True).logits
-            for a in range(0, 8, 3)
-        ]
-        got = torch.cat(parts, 1)
         assert cache.get_seq_length() == 8  # logical length, padding included
         assert cache.next_position().tolist() == [8, 3]
         for b, r in enumerate(rows):

@@ -5,7 +5,7 @@ what the plain forward pass computes; the setting round-trips config.json."""
 import pytest
 import torch
 from models_testing import MIN_GAP, scored
-from test_hf_padding import ATOL, forgetful, padded, prompts
+from test_hf_padding import ATOL, forgetful, padded, prefill_in_chunks, prompts
 
 from fpa.cache import FPACache, FPAEviction
 from fpa.compat import CACHE_ARG
@@ -28,13 +28,8 @@ def test_padded_prefill_in_chunks_equals_each_row_alone(att, mode):
     m = shifted(att, mode)
     rows = prompts(lengths=(8, 3))
     ids, mask = padded(rows, "left")
-    cache = FPACache()
+    got = prefill_in_chunks(m, ids, mask, FPACache())
     with torch.no_grad():
-        parts = [
-            m(ids[:, a : a + 3], attention_mask=mask[:, : a + 3], past_key_values=cache, use_cache=True).logits
-            for a in range(0, 8, 3)
-        ]
-        got = torch.cat(parts, 1)
         for b, r in enumerate(rows):
             torch.testing.assert_close(got[b, 8 - len(r) :], m(r[None]).logits[0], atol=ATOL, rtol=0)
         right, rmask = padded(rows, "right")

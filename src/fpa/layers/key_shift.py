@@ -22,8 +22,8 @@ def shift_keys(
     prev (B, H, D): the key of the latest real token before these T (a decoding cache's carry;
     None: zero, the start of a sequence). mask (B, T) bool, False at padding tokens (never a
     predecessor; their own output is unused). Computed in float32 or wider. Returns (k' (B, H, T, D)
-    in k's dtype, the carry
-    for the next call (B, H, D): the key of the latest real token, or ``prev`` if there was none).
+    in k's dtype, the carry for the next call (B, H, D): the key of the latest real token, or
+    ``prev`` if there was none).
     """
     B, H, T, D = k.shape
     if prev is None:
