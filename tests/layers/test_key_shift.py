@@ -103,3 +103,23 @@ def test_key_shift_trains_and_is_checked():
     assert make_attention("fox", 16, 2).key_shift_proj is None
     with pytest.raises(ValueError, match="key_shift must be True or False, got 1"):
         make_attention("softmax_rope", 16, 2, key_shift=1)
+
+
+@pytest.mark.parametrize("att", ["fpa", "fox", "softmax_rope"])
+def test_gate_bias_init_starts_every_key_at_that_share_of_its_predecessor(att):
+    torch.manual_seed(0)
+    b = 1.0
+    m = make_attention(att, 16, 2, key_shift=True, key_shift_bias_init=b)
+    assert torch.equal(m.key_shift_proj.bias, torch.full((2,), b))
+    x = torch.randn(1, 6, 16)
+    gate = torch.sigmoid(m.key_shift_proj(x)).transpose(1, 2)
+    # weights ~ N(0, 0.02^2) move the logit by |w . x| <~ 0.02 * sqrt(16) * 4 sd = 0.32 at most
+    assert (gate - torch.sigmoid(torch.tensor(b))).abs().max() < 0.08
+
+
+def test_gate_bias_init_is_checked():
+    with pytest.raises(ValueError, match="key_shift_bias_init=1.0 needs key_shift=True"):
+        make_attention("fox", 16, 2, key_shift_bias_init=1.0)
+    with pytest.raises(ValueError, match="key_shift_bias_init"):
+        make_attention("fox", 16, 2, key_shift=True, key_shift_bias_init=float("nan"))
+    assert make_attention("fox", 16, 2, key_shift_bias_init=0.0).key_shift_proj is None

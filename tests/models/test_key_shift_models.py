@@ -123,3 +123,16 @@ def test_crop_to_nothing_is_a_new_cache(att, mode, key_shift):
         assert c.get_seq_length() == 0
         got = m(x[:, :3], past_key_values=c, use_cache=True).logits
         torch.testing.assert_close(got, m(x[:, :3]).logits, atol=ATOL, rtol=0)
+
+
+def test_gate_bias_init_reaches_every_layer_and_round_trips():
+    cfg = FPAConfig.from_preset("tiny", num_hidden_layers=2, key_shift=True, key_shift_bias_init=1.5)
+    m = FPAForCausalLM(cfg)
+    for block in m.model.layers:
+        assert torch.equal(block.attn.key_shift_proj.bias, torch.full_like(block.attn.key_shift_proj.bias, 1.5))
+    assert FPAConfig.from_dict(cfg.to_dict()).key_shift_bias_init == 1.5
+    assert FPAConfig().key_shift_bias_init == 0.0
+    with pytest.raises(ValueError, match="key_shift_bias_init=1.5 needs key_shift=True"):
+        FPAConfig(key_shift_bias_init=1.5)
+    with pytest.raises(ValueError, match="key_shift_bias_init"):
+        FPAConfig(key_shift=True, key_shift_bias_init="open")

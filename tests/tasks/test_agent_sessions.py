@@ -325,3 +325,19 @@ def test_sessions_with_copy_draw_copy_lines_at_their_share():
         copies += "q: " not in bytes(ids.tolist()).decode()
     # binomial(300, 1/3): sd 8.2; 4 sd either side
     assert abs(copies - n * COPY_SHARE) < 4 * (n * COPY_SHARE * (1 - COPY_SHARE)) ** 0.5
+
+
+def test_training_draws_each_kind_at_its_share():
+    from fpa.tasks.agent_sessions import KINDS, QUESTIONS, TRAIN_KIND_SHARES
+
+    assert set(TRAIN_KIND_SHARES) == set(KINDS) and abs(sum(TRAIN_KIND_SHARES.values()) - 1) < 1e-12
+    starts = {k: QUESTIONS[k].split("{")[0].split("\n")[0] for k in KINDS}
+    n, counts = 400, dict.fromkeys(KINDS, 0)
+    for i in range(n):
+        ids, _ = training_sample_with_answer(np.random.default_rng([11, i]), 384, TOK)
+        text = bytes(ids.tolist()).decode()
+        q = text[text.rindex("q: ") :]
+        (kind,) = [k for k in KINDS if q.startswith(starts[k])]
+        counts[kind] += 1
+    for k, p in TRAIN_KIND_SHARES.items():  # binomial(400, p): 4 sd either side
+        assert abs(counts[k] - n * p) < 4 * (n * p * (1 - p)) ** 0.5, (k, counts)

@@ -63,8 +63,18 @@ class ForgettingAttention(AttentionBase):
         head_dim: int | None = None,
         fgate_bias_init: float | tuple[float, ...] = 5.0,
         key_shift: bool = False,
+        key_shift_bias_init: float = 0.0,
     ):
-        super().__init__(hidden_size, num_heads, num_kv_heads, head_dim, qk_norm, output_gate, key_shift=key_shift)
+        super().__init__(
+            hidden_size,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            qk_norm,
+            output_gate,
+            key_shift=key_shift,
+            key_shift_bias_init=key_shift_bias_init,
+        )
         self.fgate_proj = nn.Linear(hidden_size, num_heads)
         nn.init.normal_(self.fgate_proj.weight, std=0.02)
         self._init_bias_per_head(self.fgate_proj, "fgate_bias_init", fgate_bias_init)
@@ -167,8 +177,18 @@ class SoftmaxAttention(AttentionBase):
         head_dim: int | None = None,
         rope_theta: float = 10000.0,
         key_shift: bool = False,
+        key_shift_bias_init: float = 0.0,
     ):
-        super().__init__(hidden_size, num_heads, num_kv_heads, head_dim, qk_norm, output_gate, key_shift=key_shift)
+        super().__init__(
+            hidden_size,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            qk_norm,
+            output_gate,
+            key_shift=key_shift,
+            key_shift_bias_init=key_shift_bias_init,
+        )
         if position not in ("rope", "alibi", "nope"):
             raise ValueError(f"position must be rope, alibi or nope, got {position!r}")
         self.position, self.rope_theta = position, rope_theta
@@ -249,13 +269,16 @@ def make_attention(
     qk_norm: bool = False,
     output_gate: bool = False,
     key_shift: bool = False,
+    key_shift_bias_init: float = 0.0,
     **kw,
 ) -> AttentionBase:
     """One switch over the attention family: ``attention`` in ATTENTION_TYPES. ``fpa``: the FPA
     options (FPAOptions or a dict of its fields; default ``FPAOptions()``), for attention="fpa"
-    only (ValueError otherwise). ``qk_norm``, ``output_gate``, ``key_shift``: AttentionBase's, for
-    every type. ``kw``: the chosen class's own other arguments."""
-    common: dict[str, Any] = dict(qk_norm=qk_norm, output_gate=output_gate, key_shift=key_shift, **kw)
+    only (ValueError otherwise). ``qk_norm``, ``output_gate``, ``key_shift``, ``key_shift_bias_init``:
+    AttentionBase's, for every type. ``kw``: the chosen class's own other arguments."""
+    common: dict[str, Any] = dict(
+        qk_norm=qk_norm, output_gate=output_gate, key_shift=key_shift, key_shift_bias_init=key_shift_bias_init, **kw
+    )
     if attention == "fpa":
         return FirstPassageAttention(hidden_size, num_heads, num_kv_heads, options=fpa, **common)
     if fpa is not None:

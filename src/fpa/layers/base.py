@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fpa.cache.store.state import LayerInfo, LayerState
-from fpa.checks import spread_over_heads
+from fpa.checks import check_number, spread_over_heads
 from fpa.layers.key_shift import shift_keys
 
 
@@ -59,7 +59,8 @@ class SwiGLU(nn.Module):
 class AttentionBase(nn.Module):
     """q, k, v, o projections (+ optional per-head RMS qk-norm, a sigmoid output gate and a key
     shift, fpa.layers.key_shift: ``key_shift_proj``, one gate per KV head and token, weights
-    ~ N(0, 0.02^2) and bias 0, so every key starts as the mean of its own and its predecessor's).
+    ~ N(0, 0.02^2) and bias ``key_shift_bias_init``: at 0 every key starts as the mean of its own
+    and its predecessor's, at b > 0 as sigmoid(b) of the predecessor's).
 
     Subclasses implement ``_attend(q, k, v, x, state, offset, mask, pos, need_weights)`` with
     q (B, Hq, T, D), k, v (B, Hkv, T, D) for the new tokens only; ``offset`` is the number of tokens
@@ -80,6 +81,7 @@ class AttentionBase(nn.Module):
         output_gate: bool = False,
         bias: bool = False,
         key_shift: bool = False,
+        key_shift_bias_init: float = 0.0,
     ):
         super().__init__()
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
@@ -102,10 +104,13 @@ class AttentionBase(nn.Module):
         self.gate_proj = nn.Linear(hidden_size, num_heads * head_dim, bias=False) if output_gate else None
         if not isinstance(key_shift, bool):
             raise ValueError(f"key_shift must be True or False, got {key_shift!r}")
+        check_number("key_shift_bias_init", key_shift_bias_init)
+        if key_shift_bias_init != 0 and not key_shift:
+            raise ValueError(f"key_shift_bias_init={key_shift_bias_init!r} needs key_shift=True")
         self.key_shift_proj = nn.Linear(hidden_size, num_kv_heads) if key_shift else None
         if self.key_shift_proj is not None:
             nn.init.normal_(self.key_shift_proj.weight, std=0.02)
-            nn.init.zeros_(self.key_shift_proj.bias)
+            nn.init.constant_(self.key_shift_proj.bias, float(key_shift_bias_init))
 
     def _heads(self, x: Tensor, n: int) -> Tensor:
         B, T, _ = x.shape

@@ -57,6 +57,7 @@ class FirstPassageAttention(AttentionBase):
         head_dim: Per-head width (default hidden_size // num_heads).
         backend: The op's backend for a forward pass without a cache (fpa.ops).
         key_shift: Mix each key with its predecessor's by a learned gate (fpa.layers.key_shift).
+        key_shift_bias_init: The gate's bias at init (sigmoid of it: the predecessor's share).
     """
 
     def __init__(
@@ -70,8 +71,18 @@ class FirstPassageAttention(AttentionBase):
         head_dim: int | None = None,
         backend: str = "auto",
         key_shift: bool = False,
+        key_shift_bias_init: float = 0.0,
     ):
-        super().__init__(hidden_size, num_heads, num_kv_heads, head_dim, qk_norm, output_gate, key_shift=key_shift)
+        super().__init__(
+            hidden_size,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            qk_norm,
+            output_gate,
+            key_shift=key_shift,
+            key_shift_bias_init=key_shift_bias_init,
+        )
         opts = FPAOptions.from_dict(options, "options")
         self.options, self.mode, self.backend = opts, opts.mode, backend
         self.walk_increment, self.beta_activation = opts.walk_increment, opts.beta_activation

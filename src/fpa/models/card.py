@@ -20,6 +20,7 @@ _CONFIG_FIELDS = (
     "qk_norm",
     "output_gate",
     "key_shift",
+    "key_shift_bias_init",
     "tie_word_embeddings",
 )
 

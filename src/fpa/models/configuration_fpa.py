@@ -67,6 +67,7 @@ FIELDS: dict[str, tuple[str, FieldRule]] = {
     "qk_norm": ("bool", None),
     "output_gate": ("bool", None),
     "key_shift": ("bool", None),
+    "key_shift_bias_init": ("real", "any"),
     "tie_word_embeddings": ("bool", None),
     "fox_fgate_bias_init": ("reals", None),
     "rope_theta": ("real", ">0"),
@@ -159,6 +160,7 @@ class FPAConfig(PretrainedConfig):
         qk_norm=False,
         output_gate=False,
         key_shift=False,
+        key_shift_bias_init=0.0,
         fox_fgate_bias_init=5.0,
         rope_theta=10000.0,
         rms_norm_eps=1e-6,
@@ -183,6 +185,7 @@ class FPAConfig(PretrainedConfig):
             qk_norm=qk_norm,
             output_gate=output_gate,
             key_shift=key_shift,
+            key_shift_bias_init=key_shift_bias_init,
             tie_word_embeddings=tie_word_embeddings,
             fox_fgate_bias_init=fox_fgate_bias_init,
             rope_theta=rope_theta,
@@ -211,6 +214,8 @@ class FPAConfig(PretrainedConfig):
                 f"num_attention_heads ({num_attention_heads}) must be a multiple of num_key_value_heads "
                 f"({num_key_value_heads})"
             )
+        if key_shift_bias_init != 0 and not key_shift:
+            raise ValueError(f"FPAConfig key_shift_bias_init={key_shift_bias_init!r} needs key_shift=True")
         # per-head starts must fit the head count now, not when the model is built
         spread_over_heads("FPAConfig fox_fgate_bias_init", fox_fgate_bias_init, num_attention_heads)
         options = FPAOptions.from_dict(fpa)
@@ -223,6 +228,7 @@ class FPAConfig(PretrainedConfig):
         self.intermediate_size, self.attention = intermediate_size, attention
         self.fpa = options
         self.qk_norm, self.output_gate, self.key_shift = qk_norm, output_gate, key_shift
+        self.key_shift_bias_init = key_shift_bias_init
         self.fox_fgate_bias_init = number_or_numbers("FPAConfig fox_fgate_bias_init", fox_fgate_bias_init)
         self.rope_theta = rope_theta
         self.rms_norm_eps, self.initializer_range = rms_norm_eps, initializer_range
@@ -249,7 +255,12 @@ class FPAConfig(PretrainedConfig):
     def attention_kwargs(self) -> dict:
         """The keyword arguments of every layer's ``make_attention``: ``fpa`` (the FPAOptions) for
         FPA, the fox_* / rope field otherwise."""
-        kw: dict[str, Any] = dict(qk_norm=self.qk_norm, output_gate=self.output_gate, key_shift=self.key_shift)
+        kw: dict[str, Any] = dict(
+            qk_norm=self.qk_norm,
+            output_gate=self.output_gate,
+            key_shift=self.key_shift,
+            key_shift_bias_init=self.key_shift_bias_init,
+        )
         if self.attention == "fpa":
             kw.update(fpa=self.fpa)
         elif self.attention == "fox":

@@ -379,6 +379,10 @@ def make_eval_prompts(spec: SessionSpec, kinds: tuple[str, ...] = KINDS) -> list
 
 
 TRAIN_SPEC = SessionSpec()  # the training samples' shape; their length follows seq_len
+# The share of training samples asking each kind: the two the 1x control found hardest (open_arg's
+# lookup, open_tools' list) drawn three times as often as outer_tool and open_count, which every
+# open_tools answer also exercises; closed_ret keeps a uniform draw's fifth
+TRAIN_KIND_SHARES = {"open_arg": 0.3, "outer_tool": 0.1, "open_count": 0.1, "open_tools": 0.3, "closed_ret": 0.2}
 
 
 def _max_tail_bytes(spec: SessionSpec) -> int:
@@ -399,7 +403,7 @@ def training_sample_with_answer(rng: np.random.Generator, seq_len: int, tokenize
     body, shortest = int(seq_len) + 1 - tail_max, min_length(TRAIN_SPEC) + tail_max - 1
     if body < min_length(TRAIN_SPEC):
         raise ValueError(f"seq_len must be >= {shortest} for agent sessions, got {seq_len}")
-    kind = KINDS[int(rng.integers(len(KINDS)))]
+    kind = KINDS[int(rng.choice(len(KINDS), p=[TRAIN_KIND_SHARES[k] for k in KINDS]))]
     session = make_session(rng, replace(TRAIN_SPEC, length=body))
     q, answer, _ = _question(rng, session, kind)
     tail = q + (answer + "\n").encode("ascii")
@@ -412,7 +416,8 @@ def training_sample_with_answer(rng: np.random.Generator, seq_len: int, tokenize
 
 def session_training_sample(rng: np.random.Generator, seq_len: int, tokenizer) -> np.ndarray:
     """The trainer's task mixer (TASK_MIXERS["agent-sessions"]): (seq_len + 1,) int64 byte ids, a
-    session of TRAIN_SPEC's shape, a question of a uniformly drawn kind, its answer and a newline.
+    session of TRAIN_SPEC's shape, a question of a kind drawn by TRAIN_KIND_SHARES, its answer and a
+    newline.
 
     Raises:
         ValueError: ``seq_len`` is not a positive int or too short for a session, or

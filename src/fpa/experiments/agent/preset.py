@@ -249,7 +249,7 @@ PRESETS = {
         threshold=4.0,
         evict_from_step=1000,
         mix_task="agent-sessions+copy",
-        model_overrides={"num_hidden_layers": 2, "key_shift": True},
+        model_overrides={"num_hidden_layers": 2, "key_shift": True, "key_shift_bias_init": 1.0},
         fpa_options={
             "level_offset": "token",
             "walk_bias_init": [walk_bias_matching_fox(2.0), walk_bias_matching_fox(5.0)],
