@@ -74,3 +74,68 @@ def test_cli_flag_is_a_float_and_bad_values_are_clean_errors(tmp_path, capsys):
     assert "evict_threshold needs attention='fpa' or 'fox'" in capsys.readouterr().err
     assert main(["train", "--out-dir", str(tmp_path / "r"), "--attention", "fpa", "--evict-threshold", "-1"]) == 2
     assert "evict_threshold must be a finite number >= 0" in capsys.readouterr().err
+
+
+def test_the_ramp_falls_geometrically_from_its_start(tiny_cfg):
+    cfg = tiny_cfg(
+        attention="fpa",
+        fpa_mode="walk",
+        steps=8,
+        evict_threshold=2.0,
+        evict_from_step=2,
+        evict_threshold_start=32.0,
+        evict_ramp_steps=4,
+    )
+    # 32 * (2 / 32) ** (k / 4): 32, 16, 8, 4 on the ramp's steps, then 2
+    assert [cfg.evict_threshold_at(s) for s in range(8)] == [None, None, 32.0, 16.0, 8.0, 4.0, 2.0, 2.0]
+    plain = tiny_cfg(attention="fpa", fpa_mode="walk", steps=8, evict_threshold=2.0, evict_from_step=2)
+    assert [plain.evict_threshold_at(s) for s in range(4)] == [None, None, 2.0, 2.0]
+    assert tiny_cfg(attention="fpa").evict_threshold_at(5) is None
+
+
+def test_the_trainer_follows_the_ramp_also_after_a_resume(tiny_cfg, monkeypatch):
+    import fpa.train.loop as loop
+
+    seen = []
+    real = loop.set_training_eviction
+    monkeypatch.setattr(loop, "set_training_eviction", lambda m, t: (seen.append(t), real(m, t))[1])
+    kw = dict(
+        attention="fpa",
+        fpa_mode="walk",
+        ckpt_every=3,
+        eval_every=100,
+        evict_threshold=2.0,
+        evict_from_step=1,
+        evict_threshold_start=8.0,
+        evict_ramp_steps=2,
+    )
+    train(tiny_cfg(steps=3, **kw))
+    assert seen == [None, 8.0, 4.0]  # step 0 plain, then the ramp
+    seen.clear()
+    train(tiny_cfg(steps=5, **kw))  # resumes at step 3: the ramp is over
+    assert seen == [2.0]
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (
+            dict(evict_threshold=2.0, evict_threshold_start=8.0),
+            "evict_threshold_start and evict_ramp_steps go together",
+        ),
+        (dict(evict_threshold=2.0, evict_ramp_steps=3), "evict_threshold_start and evict_ramp_steps go together"),
+        (dict(evict_threshold_start=8.0, evict_ramp_steps=3), "a ramp needs evict_threshold > 0"),
+        (dict(evict_threshold=0.0, evict_threshold_start=8.0, evict_ramp_steps=3), "a ramp needs evict_threshold > 0"),
+        (dict(evict_threshold=2.0, evict_threshold_start=1.0, evict_ramp_steps=3), "evict_threshold_start must be"),
+        (dict(evict_threshold=2.0, evict_threshold_start=8.0, evict_ramp_steps=-1), "evict_ramp_steps"),
+    ],
+)
+def test_a_bad_ramp_is_refused(tiny_cfg, kw, match):
+    with pytest.raises(ValueError, match=match):
+        tiny_cfg(attention="fpa", **kw)
+
+
+def test_cli_takes_the_ramp(tmp_path, capsys):
+    args = ["train", "--out-dir", str(tmp_path / "r"), "--attention", "fpa", "--evict-threshold", "2"]
+    assert main([*args, "--evict-threshold-start", "1", "--evict-ramp-steps", "3"]) == 2
+    assert "evict_threshold_start must be" in capsys.readouterr().err

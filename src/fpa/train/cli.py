@@ -12,7 +12,7 @@ from pathlib import Path
 # flags of `fpa train`: every TrainConfig field except these gets --kebab-name (type from the default)
 _SPECIAL = {"model_overrides", "data_source", "progress", "tensorboard", "out_dir", "verify_data"}
 # the flag type of the fields whose default (None) does not give one
-_NONE_DEFAULT_TYPES = {"vocab_size": int, "max_bytes": int, "evict_threshold": float}
+_NONE_DEFAULT_TYPES = {"vocab_size": int, "max_bytes": int, "evict_threshold": float, "evict_threshold_start": float}
 
 HELP = {
     "data_dir": "prepared data folder (fpa prepare-data); default: prepare --data-source into OUT_DIR/data",
@@ -50,6 +50,9 @@ HELP = {
     "evict_threshold": "train with FPA's eviction rule in the loop: mask a key once beta * dip > EVICT_THRESHOLD, "
     "as FPAEviction(EVICT_THRESHOLD) evicts it when decoding (FPA models only; default: off)",
     "evict_from_step": "first step trained under --evict-threshold (before it, attention as usual)",
+    "evict_threshold_start": "ramp into the rule: at --evict-from-step the threshold is this, then it falls "
+    "geometrically to --evict-threshold over --evict-ramp-steps steps (default: no ramp)",
+    "evict_ramp_steps": "steps of the ramp from --evict-threshold-start down to --evict-threshold",
 }
 
 

@@ -65,6 +65,10 @@ class TrainConfig:
         None  # train with FPAEviction(evict_threshold) inside attention (None = off; FPA only)
     )
     evict_from_step: int = 0  # ... from this step on (before it, attention as usual)
+    # a ramp into the rule: from evict_from_step the threshold falls geometrically from
+    # evict_threshold_start to evict_threshold over evict_ramp_steps steps (None / 0: no ramp)
+    evict_threshold_start: float | None = None
+    evict_ramp_steps: int = 0
 
     def __post_init__(self) -> None:
         self.out_dir = str(self.out_dir)
@@ -95,6 +99,22 @@ class TrainConfig:
                 )
         elif self.evict_from_step:
             raise ValueError(f"evict_from_step is {self.evict_from_step} but evict_threshold is not set")
+        non_negative_int("evict_ramp_steps", self.evict_ramp_steps)
+        if (self.evict_threshold_start is None) != (self.evict_ramp_steps == 0):
+            raise ValueError(
+                "evict_threshold_start and evict_ramp_steps go together (a ramp needs both; None and 0: none), "
+                f"got {self.evict_threshold_start!r} and {self.evict_ramp_steps}"
+            )
+        if self.evict_threshold_start is not None:
+            if self.evict_threshold is None or self.evict_threshold <= 0:
+                raise ValueError(f"a ramp needs evict_threshold > 0 to fall to, got {self.evict_threshold!r}")
+            check_number(
+                "evict_threshold_start",
+                self.evict_threshold_start,
+                low=self.evict_threshold,
+                low_open=True,
+                what="(the ramp starts above evict_threshold)",
+            )
         if self.live_reg_from_step and self.live_reg == 0:
             raise ValueError(f"live_reg_from_step is {self.live_reg_from_step} but live_reg is 0 (off)")
         if self.live_reg > 0 and self.attention != "fpa":
@@ -165,6 +185,18 @@ class TrainConfig:
         if self.attention == "fpa":
             over["fpa"] = {**over.get("fpa", {}), "mode": self.fpa_mode}
         return FPAConfig.from_preset(self.preset, attention=self.attention, **over)
+
+    def evict_threshold_at(self, step: int) -> float | None:
+        """The eviction threshold the training forward uses at ``step``: None before
+        ``evict_from_step`` (or with no rule), then ``evict_threshold``, or on a ramp
+        start * (end / start) ** ((step - evict_from_step) / evict_ramp_steps) until it reaches it."""
+        if self.evict_threshold is None or step < self.evict_from_step:
+            return None
+        done = step - self.evict_from_step
+        if self.evict_threshold_start is None or done >= self.evict_ramp_steps:
+            return self.evict_threshold
+        start = self.evict_threshold_start
+        return start * (self.evict_threshold / start) ** (done / self.evict_ramp_steps)
 
     def to_dict(self) -> dict:
         """The config as a JSON-serialisable dict (the inverse of ``from_dict``)."""

@@ -45,6 +45,8 @@ RESUME_KEYS = (
     "live_reg_from_step",
     "evict_threshold",
     "evict_from_step",
+    "evict_threshold_start",
+    "evict_ramp_steps",
 )
 
 
@@ -254,11 +256,13 @@ def _run(cfg: TrainConfig, d: D.Dist, on_step) -> dict:
     shown = StepProgress(f"train {out.name}", start, cfg.steps, cfg.log_every, cfg.progress) if d.is_main else None
     tokens_per_step = cfg.batch_size * cfg.seq_len
     train_time, val_loss = 0.0, None
+    threshold: float | None = None  # the training eviction's threshold now
     model.train()
     for step in range(start, cfg.steps):
         t0 = time.perf_counter()
-        if cfg.evict_threshold is not None and step in (start, cfg.evict_from_step):
-            set_training_eviction(model, cfg.evict_threshold if step >= cfg.evict_from_step else None)
+        if cfg.evict_threshold is not None and (step == start or cfg.evict_threshold_at(step) != threshold):
+            threshold = cfg.evict_threshold_at(step)
+            set_training_eviction(model, threshold)
         if reg is not None:
             reg.active = step >= cfg.live_reg_from_step
         rec = _train_step(model, opt, batches, step, cfg, d, micro, reg)

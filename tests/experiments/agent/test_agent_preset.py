@@ -39,6 +39,8 @@ SMOKE = PRESETS["smoke"]
         ("evict_from_step", 3),  # SMOKE trains 3 steps: the rule would never switch on
         ("evict_from_step", 1.5),
         ("mix_task", "passkey"),  # not a session mixer
+        ("threshold_start", 8.0),  # without ramp_steps
+        ("ramp_steps", 2),  # without threshold_start
     ],
 )
 def test_a_bad_field_is_named(field, value):
@@ -58,7 +60,8 @@ def test_get_preset_and_the_dict_round_trip():
 def test_estimate_grows_with_steps_lengths_sessions_and_seeds():
     p = PRESETS["cpu"]
     base = estimate_minutes(p)
-    by_steps = [estimate_minutes(dataclasses.replace(p, steps=n, evict_from_step=0)) for n in (1, 10, 100, 1000)]
+    no_ramp = dict(evict_from_step=0, threshold_start=None, ramp_steps=0)
+    by_steps = [estimate_minutes(dataclasses.replace(p, steps=n, **no_ramp)) for n in (1, 10, 100, 1000)]
     assert by_steps == sorted(by_steps) and len(set(by_steps)) == len(by_steps)
     by_length = [estimate_minutes(dataclasses.replace(p, lengths=(L, 3 * L, 10 * L))) for L in (1000, 10_000, 30_000)]
     assert by_length == sorted(by_length) and len(set(by_length)) == len(by_length)
@@ -66,7 +69,7 @@ def test_estimate_grows_with_steps_lengths_sessions_and_seeds():
     assert estimate_minutes(dataclasses.replace(p, seeds=(10, 11, 12, 13))) > base
     assert estimate_minutes(p, jobs=1) == pytest.approx(2 * base / RATES["parallel_slowdown"])
     # FPA's steps before its rule switches on are plain steps, cheaper than steps under the rule
-    assert estimate_minutes(dataclasses.replace(p, evict_from_step=0)) > base
+    assert estimate_minutes(dataclasses.replace(p, **no_ramp)) > base
     with pytest.raises(ValueError, match="jobs"):
         estimate_minutes(p, jobs=0)
 
@@ -108,3 +111,30 @@ def test_live_reg_reaches_the_fpa_arm_from_the_rule_switch():
     assert train_config(p, FOX_ARM, 0, "/tmp/x", "/tmp/d", progress=False).live_reg == 0.0
     with pytest.raises(ValueError, match="live_reg must be a finite number >= 0"):
         dataclasses.replace(SMOKE, live_reg=-1.0)
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(threshold_start=8.0, ramp_steps=3, evict_from_step=1), "the ramp must end by the last step"),
+        (dict(threshold_start=1.0, ramp_steps=1), "threshold_start must be finite and > threshold=2.0"),
+        (dict(threshold_start=math.inf, ramp_steps=1), "threshold_start must be finite"),
+        (dict(threshold_start=8.0, ramp_steps=1, threshold=0.0), "a ramp needs"),
+    ],
+)
+def test_a_bad_ramp_is_named(kw, match):
+    with pytest.raises(ValueError, match=match):
+        dataclasses.replace(SMOKE, **kw)
+
+
+def test_the_ramp_reaches_the_fpa_arm_only():
+    from fpa.experiments.agent.preset import FOX_ARM, FPA_ARM
+    from fpa.experiments.agent.report import _ramp
+    from fpa.experiments.agent.workers import train_config
+
+    p = dataclasses.replace(SMOKE, threshold_start=8.0, ramp_steps=2, evict_from_step=1)
+    fpa = train_config(p, FPA_ARM, 0, "/tmp/x", "/tmp/d", progress=False)
+    assert (fpa.evict_threshold_start, fpa.evict_ramp_steps, fpa.evict_from_step) == (8.0, 2, 1)
+    fox = train_config(p, FOX_ARM, 0, "/tmp/x", "/tmp/d", progress=False)
+    assert (fox.evict_threshold_start, fox.evict_ramp_steps) == (None, 0)
+    assert _ramp(p) == ", its threshold falling from 8 to 2 over 2 steps" and _ramp(SMOKE) == ""

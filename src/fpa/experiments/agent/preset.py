@@ -43,7 +43,9 @@ class AgentPreset:
     Training: ``steps`` AdamW steps of ``batch_size`` agent sessions of ``seq_len`` byte tokens
     (the session, a question and its answer), learning rate ``lr`` after ``warmup_steps``, model
     ``model_preset`` with ``model_overrides`` (FPA: ``fpa_options``; FoX: ``fox_overrides``). The
-    FPA arm trains under its rule from step ``evict_from_step`` on (before it, attention as usual:
+    FPA arm trains under its rule from step ``evict_from_step`` on (with ``threshold_start``, its
+    threshold falls geometrically from that to ``threshold`` over ``ramp_steps`` steps, so that the
+    switch does not undo what was learned before it; before the switch, attention as usual:
     trained under the rule from the first step, a model whose untrained walk hides the keys an
     answer needs gets no gradient to keep them); with ``live_reg`` > 0 it also pays, from the same
     step, that weight times its heads' soft kept fraction at the rule's threshold
@@ -75,6 +77,8 @@ class AgentPreset:
     chunk_size: int
     threshold: float = 2.0
     evict_from_step: int = 0
+    threshold_start: float | None = None
+    ramp_steps: int = 0
     fox_threshold: float = 8.0
     live_reg: float = 0.0
     model_preset: str = "tiny"
@@ -121,6 +125,24 @@ class AgentPreset:
         if body < min_length(TRAIN_SPEC):
             need = min_length(TRAIN_SPEC) + _max_tail_bytes(TRAIN_SPEC) - 1
             raise ValueError(f"preset {self.name!r}: seq_len must be >= {need} for agent sessions, got {self.seq_len}")
+        if (self.threshold_start is None) != (self.ramp_steps == 0):
+            raise ValueError(
+                f"preset {self.name!r}: threshold_start and ramp_steps go together, "
+                f"got {self.threshold_start!r} and {self.ramp_steps!r}"
+            )
+        if self.threshold_start is not None:
+            if self.evict_from_step + positive_int("ramp_steps", self.ramp_steps) > self.steps:
+                raise ValueError(
+                    f"preset {self.name!r}: the ramp must end by the last step: evict_from_step + ramp_steps "
+                    f"<= steps={self.steps}, got {self.evict_from_step} + {self.ramp_steps}"
+                )
+            if not isinstance(self.threshold_start, (int, float)) or not self.threshold > 0:
+                raise ValueError(f"preset {self.name!r}: a ramp needs a number threshold_start and threshold > 0")
+            if not self.threshold < self.threshold_start < math.inf:
+                raise ValueError(
+                    f"preset {self.name!r}: threshold_start must be finite and > threshold={self.threshold}, "
+                    f"got {self.threshold_start!r}"
+                )
         for name in ("threshold", "fox_threshold", "live_reg"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
@@ -230,10 +252,12 @@ PRESETS = {
     # sequences copy lines, keys shifted by one token, and in each layer two heads started as FoX
     # at forget-gate bias 2 and two at 5 (the FPA walk at the matching increment biases)
     # (docs/design.md, "Long agent sessions" and "Where the copy stalls": the recipes tried). 640
-    # steps (what fits the hour) learned no copy on the tuning seeds; 1500 with the rule from step
-    # 1000 at threshold 4 came closest to the control (at threshold 2 the switch undid the copy).
-    # Without the key shift and the two timescales, the content lookup open_arg needs came on
-    # some seeds only. The hour is missed
+    # steps (what fits the hour) learned no copy on the tuning seeds; 1500 with the rule at threshold 4
+    # came closest to the control (at threshold 2 the switch undid the copy). Without the key shift
+    # and the two timescales, the content lookup open_arg needs came on some seeds only. The shift's
+    # gate starts open (bias 1), and the rule ramps in from threshold 16 at step 800 to 4 at step
+    # 1300: switched on at once (at step 1000), it undid a learned open_arg on 4 tuning seeds. The
+    # hour is missed
     "cpu": AgentPreset(
         name="cpu",
         steps=1500,
@@ -247,7 +271,9 @@ PRESETS = {
         control_sessions=48,
         chunk_size=512,
         threshold=4.0,
-        evict_from_step=1000,
+        evict_from_step=800,
+        threshold_start=16.0,
+        ramp_steps=500,
         mix_task="agent-sessions+copy",
         model_overrides={"num_hidden_layers": 2, "key_shift": True, "key_shift_bias_init": 1.0},
         fpa_options={

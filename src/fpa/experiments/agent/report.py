@@ -35,6 +35,13 @@ def _met(part: dict) -> str:
     return "met" if part["met"] else "missed"
 
 
+def _ramp(p: AgentPreset) -> str:
+    """How the FPA arm's rule switched on, for the report's first paragraph."""
+    if p.threshold_start is None:
+        return ""
+    return f", its threshold falling from {p.threshold_start:g} to {p.threshold:g} over {p.ramp_steps} steps"
+
+
 def stages_line(p: AgentPreset, r: dict) -> str:
     """How many of the planned training, control and decode stages this run holds."""
     n_seeds = len(p.seeds)
@@ -235,9 +242,9 @@ def markdown(r: dict) -> str:
         f"Byte-level language models (`{p.model_preset}` with {p.model_overrides}) trained {p.steps} steps of "
         f"{p.batch_size} agent sessions of {p.seq_len} bytes (fpa.tasks.agent_sessions, depth <= "
         f"{TRAIN_SPEC.depth}, a question and its answer at the end) on seeds {list(p.seeds)}: `fpa-walk-rule`, "
-        f"an FPA walk with {p.fpa_options} trained (from step {p.evict_from_step} on) and served under its own "
-        f"rule FPAEviction({p.threshold:g}, within chunks), and served as well with the full cache (`fpa-full`) "
-        f"and, at its rule's memory, with a window, StreamingLLM (4 sinks), TOVA and H2O; `fox`, FoX with "
+        f"an FPA walk with {p.fpa_options} trained (from step {p.evict_from_step} on{_ramp(p)}) and served under "
+        f"its own rule FPAEviction({p.threshold:g}, within chunks), and served as well with the full cache "
+        f"(`fpa-full`) and, at its rule's memory, with a window, StreamingLLM (4 sinks), TOVA and H2O; `fox`, FoX with "
         f"{p.fox_overrides}, served with its own rule FoXEviction({p.fox_threshold:g}) (and with the full cache "
         "in its 1x control).",
         "",
