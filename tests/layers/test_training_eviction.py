@@ -144,3 +144,35 @@ def test_trainer_setting_needs_fpa_or_fox_layers():
         TrainConfig(out_dir="x", data_source="stdlib", attention="softmax_rope", evict_threshold=4.0)
     with pytest.raises(ValueError, match="FPA or FoX attention layers"):
         set_training_eviction(torch.nn.Linear(2, 2), 4.0)
+
+
+@pytest.mark.parametrize("tau", [0.0, 0.7, 2.5])
+def test_straight_through_has_the_rules_forward_and_plain_attentions_gradients(tau):
+    q, k, v, field, level, beta = _inputs(3)
+    scale = q.shape[-1] ** -0.5
+    g = torch.randn(q.shape, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    out, _ = evicting_attention(q, k, v, field, level, beta, tau, scale, straight_through=True)
+    hard = _loop_oracle(q, k, v, field, level, beta, scale, tau)
+    torch.testing.assert_close(out, hard.detach(), atol=1e-10, rtol=0)
+    got = torch.autograd.grad((out * g).sum(), (q, k, v, field, level, beta))
+    plain = _loop_oracle(q, k, v, field, level, beta, scale, math.inf)  # no key hidden
+    want = torch.autograd.grad((plain * g).sum(), (q, k, v, field, level, beta))
+    hidden = torch.autograd.grad((hard * g).sum(), (q, k, v, field, level, beta))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=0)
+    if tau < 1:  # keys are hidden: the rule's own gradients differ from the plain ones
+        assert max(float((b - c).abs().max()) for b, c in zip(want, hidden)) > 1e-3
+
+
+def test_straight_through_is_set_per_layer_and_checked():
+    torch.manual_seed(0)
+    layer = FirstPassageAttention(16, 2, options=FPAOptions(mode="walk"))
+    layer.set_training_eviction(1.0, straight_through=True)
+    assert layer.training_eviction_straight_through is True
+    with pytest.raises(ValueError, match="straight_through must be True or False, got 1"):
+        layer.set_training_eviction(1.0, straight_through=1)
+    x = torch.randn(2, 7, 16)
+    with torch.no_grad():  # no autograd: the evicting forward alone, equal to the rule's
+        st = layer(x)
+        layer.set_training_eviction(1.0)
+        torch.testing.assert_close(st, layer(x), atol=1e-6, rtol=0)

@@ -98,7 +98,7 @@ def test_the_trainer_follows_the_ramp_also_after_a_resume(tiny_cfg, monkeypatch)
 
     seen = []
     real = loop.set_training_eviction
-    monkeypatch.setattr(loop, "set_training_eviction", lambda m, t: (seen.append(t), real(m, t))[1])
+    monkeypatch.setattr(loop, "set_training_eviction", lambda m, t, st: (seen.append(t), real(m, t, st))[1])
     kw = dict(
         attention="fpa",
         fpa_mode="walk",
@@ -139,3 +139,23 @@ def test_cli_takes_the_ramp(tmp_path, capsys):
     args = ["train", "--out-dir", str(tmp_path / "r"), "--attention", "fpa", "--evict-threshold", "2"]
     assert main([*args, "--evict-threshold-start", "1", "--evict-ramp-steps", "3"]) == 2
     assert "evict_threshold_start must be" in capsys.readouterr().err
+
+
+def test_straight_through_reaches_every_layer_from_the_trainer_and_the_cli(tiny_cfg, tmp_path, monkeypatch):
+    import fpa.train.loop as loop
+
+    seen = []
+    real = loop.set_training_eviction
+    monkeypatch.setattr(loop, "set_training_eviction", lambda m, t, st: (seen.append((t, st)), real(m, t, st))[1])
+    train(tiny_cfg(attention="fpa", fpa_mode="walk", steps=2, evict_threshold=2.0, evict_straight_through=True))
+    assert seen == [(2.0, True)]
+    with pytest.raises(ValueError, match="evict_straight_through is set but evict_threshold is not"):
+        tiny_cfg(attention="fpa", evict_straight_through=True)
+    with pytest.raises(ValueError, match="evict_straight_through must be true or false"):
+        tiny_cfg(attention="fpa", evict_threshold=2.0, evict_straight_through="yes")
+    from fpa.cli import build_parser
+
+    args = build_parser("train").parse_args(
+        ["train", "--out-dir", "x", "--evict-threshold", "2", "--evict-straight-through"]
+    )
+    assert args.evict_straight_through is True

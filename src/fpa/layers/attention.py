@@ -18,6 +18,7 @@ from fpa.cache.store.weights import attention_weights, causal_block_mask
 from fpa.layers.base import AttentionBase, RMSNorm, SwiGLU
 from fpa.layers.first_passage import FirstPassageAttention
 from fpa.layers.fpa_form import (
+    check_straight_through,
     check_training_threshold,
     continue_walk,
     dense_weights,
@@ -90,12 +91,15 @@ class ForgettingAttention(AttentionBase):
         )
 
     training_eviction_threshold: float | None = None
+    training_eviction_straight_through: bool = False
 
-    def set_training_eviction(self, threshold: float | None) -> None:
+    def set_training_eviction(self, threshold: float | None, straight_through: bool = False) -> None:
         """In every forward pass without a cache, hide key j from query i once -sum_{j<u<i} log f_u
         > ``threshold``: fpa.cache.FoXEviction(threshold, within_chunks=True), in training (as
-        FirstPassageAttention.set_training_eviction does for FPA's rule). None turns it off."""
+        FirstPassageAttention.set_training_eviction does for FPA's rule, ``straight_through``
+        included). None turns it off."""
         self.training_eviction_threshold = check_training_threshold(threshold)
+        self.training_eviction_straight_through = check_straight_through(straight_through)
 
     def log_forget(self, x: Tensor) -> Tensor:
         """log f (B, H, T) float32, the log forget gates of hidden states x (B, T, hidden): what
@@ -110,7 +114,8 @@ class ForgettingAttention(AttentionBase):
             field, level = pad_out(*(2 * (continue_walk(log_f, None),)), mask)
             ones = field.new_ones(self.num_heads)
             thr = self.training_eviction_threshold
-            return evicting_attention(q, k, v, field, level, ones, thr, self.scale, need_weights)
+            st = self.training_eviction_straight_through
+            return evicting_attention(q, k, v, field, level, ones, thr, self.scale, need_weights, st)
         if state is None and mask is None and not need_weights:
             return forgetting_attention(q, k, v, log_f, check_inputs=False), None
         field, level = pad_out(*(2 * (continue_walk(log_f, state),)), mask)

@@ -14,6 +14,7 @@ from torch import Tensor, nn
 from fpa.cache.store.state import LayerInfo, LayerState
 from fpa.layers.base import AttentionBase
 from fpa.layers.fpa_form import (
+    check_straight_through,
     check_training_threshold,
     continue_walk,
     dense_weights,
@@ -120,15 +121,18 @@ class FirstPassageAttention(AttentionBase):
         self.beta_param = nn.Parameter(torch.full((num_heads,), beta0))
 
     training_eviction_threshold: float | None = None
+    training_eviction_straight_through: bool = False
 
-    def set_training_eviction(self, threshold: float | None) -> None:
+    def set_training_eviction(self, threshold: float | None, straight_through: bool = False) -> None:
         """In every forward pass without a cache (training, and the trainer's evaluations in eval
         mode, so a held-out loss or a probe measures the model under the rule it trains with), mask
         key j out of query i once beta * dip(i - 1, j) > ``threshold``: what
         fpa.cache.FPAEviction(threshold, within_chunks=True) does when decoding, so the model learns
         under the eviction it will be served with (fpa_form.evicting_attention). None turns it off.
-        With a cache, the cache's policy decides."""
+        With a cache, the cache's policy decides. ``straight_through``: gradients as without the
+        rule (fpa_form.evicting_attention's ``straight_through``)."""
         self.training_eviction_threshold = check_training_threshold(threshold)
+        self.training_eviction_straight_through = check_straight_through(straight_through)
 
     @property
     def beta(self) -> Tensor:
@@ -202,7 +206,8 @@ class FirstPassageAttention(AttentionBase):
         field, level = self.field_level(x, state, mask)
         if state is None and self.training_eviction_threshold is not None:
             thr = self.training_eviction_threshold
-            return evicting_attention(q, k, v, field, level, self.beta, thr, self.scale, need_weights)
+            st = self.training_eviction_straight_through
+            return evicting_attention(q, k, v, field, level, self.beta, thr, self.scale, need_weights, st)
         if state is None:
             o = first_passage_attention(
                 q, k, v, field, level, beta=self.beta, backend=self.backend, check_inputs=False

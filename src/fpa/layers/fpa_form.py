@@ -12,6 +12,7 @@ from fpa.cache.store.state import LayerState
 from fpa.cache.store.storage import PAD_BIG
 from fpa.cache.store.weights import attention_weights, fpa_bias
 from fpa.checks import check_number
+from fpa.ops.dispatch import first_passage_attention
 from fpa.ops.field import range_min
 from fpa.ops.fpa.evicting import evicting_fpa
 from fpa.ops.softmax import causal_softmax_attention
@@ -62,6 +63,13 @@ def check_training_threshold(threshold: object) -> float | None:
     return None if threshold is None else check_number("threshold", threshold, low=0, what="or None")
 
 
+def check_straight_through(straight_through: object) -> bool:
+    """A layer's ``set_training_eviction`` ``straight_through``: True or False. ValueError otherwise."""
+    if not isinstance(straight_through, bool):
+        raise ValueError(f"straight_through must be True or False, got {straight_through!r}")
+    return straight_through
+
+
 def evicting_attention(
     q: Tensor,
     k: Tensor,
@@ -72,13 +80,26 @@ def evicting_attention(
     threshold: float,
     scale: float,
     need_weights: bool = False,
+    straight_through: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """Attention of a whole sequence under the threshold rule (eviction in the training loop): what
     ``evicting_bias`` describes, computed by fpa.ops.fpa.evicting.evicting_fpa (the chunked FPA op
     with each key hidden from the query after its eviction; O(T) memory per query chunk). With
     ``need_weights``, the dense reference (``evicting_bias`` and softmax, O(T^2) memory) also
     returns the weights. q (B, Hq, T, D), k, v (B, Hkv, T, D), field, level (B, Hq, T), beta (Hq,)
-    -> ((B, Hq, T, D), weights (B, Hq, T, T) or None)."""
+    -> ((B, Hq, T, D), weights (B, Hq, T, T) or None).
+
+    ``straight_through``: the output is the evicting attention's, its gradient the plain FPA
+    attention's (no key hidden): ``soft + (hard - soft).detach()``. A hidden key sends no gradient,
+    so under the rule alone a key whose penalty drifts past the threshold is lost for good, even if
+    a later answer needs it; the plain attention's gradient still pulls such a key's penalty down
+    (and its content match up) while the forward pass, and so the loss, stays the rule's. Costs one
+    more attention forward (the evicting one, without autograd)."""
+    if straight_through and torch.is_grad_enabled():
+        with torch.no_grad():
+            hard, weights = evicting_attention(q, k, v, field, level, beta, threshold, scale, need_weights)
+        soft = first_passage_attention(q, k, v, field, level, beta=beta, scale=scale, check_inputs=False)
+        return soft + (hard - soft).detach(), weights
     if not need_weights:
         return evicting_fpa(q, k, v, field, level, beta, threshold, scale), None
     bias = evicting_bias(field, level, beta.reshape(-1).expand(q.shape[1]), threshold, q.shape[1] // k.shape[1])

@@ -10,7 +10,15 @@ from dataclasses import fields
 from pathlib import Path
 
 # flags of `fpa train`: every TrainConfig field except these gets --kebab-name (type from the default)
-_SPECIAL = {"model_overrides", "data_source", "progress", "tensorboard", "out_dir", "verify_data"}
+_SPECIAL = {
+    "model_overrides",
+    "data_source",
+    "progress",
+    "tensorboard",
+    "out_dir",
+    "verify_data",
+    "evict_straight_through",
+}
 # the flag type of the fields whose default (None) does not give one
 _NONE_DEFAULT_TYPES = {"vocab_size": int, "max_bytes": int, "evict_threshold": float, "evict_threshold_start": float}
 
@@ -129,6 +137,13 @@ def _train_flags(p: argparse.ArgumentParser) -> None:
         help="skip the sha256 check of the shards at start (sizes are still checked)",
     )
     p.add_argument("--tensorboard", action="store_const", const=True, help="also log to TensorBoard (if installed)")
+    p.add_argument(
+        "--evict-straight-through",
+        action="store_const",
+        const=True,
+        help="with --evict-threshold: the forward pass under the rule, the gradients of attention without it, "
+        "so that a key the rule hid can still be pulled back (default off)",
+    )
     for old, new in RENAMED.items():
         p.add_argument(
             "--" + old.replace("_", "-"), action=_Renamed, new="--" + new.replace("_", "-"), help=argparse.SUPPRESS

@@ -69,6 +69,8 @@ class TrainConfig:
     # evict_threshold_start to evict_threshold over evict_ramp_steps steps (None / 0: no ramp)
     evict_threshold_start: float | None = None
     evict_ramp_steps: int = 0
+    # gradients of attention without the rule, the forward pass under it (a hidden key can come back)
+    evict_straight_through: bool = False
 
     def __post_init__(self) -> None:
         self.out_dir = str(self.out_dir)
@@ -99,6 +101,12 @@ class TrainConfig:
                 )
         elif self.evict_from_step:
             raise ValueError(f"evict_from_step is {self.evict_from_step} but evict_threshold is not set")
+        if not isinstance(self.evict_straight_through, bool):
+            raise ValueError(f"evict_straight_through must be true or false, got {self.evict_straight_through!r}")
+        if self.evict_straight_through and self.evict_threshold is None:
+            raise ValueError(
+                "evict_straight_through is set but evict_threshold is not (there is no rule to go through)"
+            )
         non_negative_int("evict_ramp_steps", self.evict_ramp_steps)
         if (self.evict_threshold_start is None) != (self.evict_ramp_steps == 0):
             raise ValueError(

@@ -47,6 +47,7 @@ RESUME_KEYS = (
     "evict_from_step",
     "evict_threshold_start",
     "evict_ramp_steps",
+    "evict_straight_through",
 )
 
 
@@ -262,7 +263,7 @@ def _run(cfg: TrainConfig, d: D.Dist, on_step) -> dict:
         t0 = time.perf_counter()
         if cfg.evict_threshold is not None and (step == start or cfg.evict_threshold_at(step) != threshold):
             threshold = cfg.evict_threshold_at(step)
-            set_training_eviction(model, threshold)
+            set_training_eviction(model, threshold, cfg.evict_straight_through)
         if reg is not None:
             reg.active = step >= cfg.live_reg_from_step
         rec = _train_step(model, opt, batches, step, cfg, d, micro, reg)

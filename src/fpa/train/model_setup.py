@@ -15,16 +15,17 @@ def build_model(cfg, vocab_size: int) -> FPAForCausalLM:
     return FPAForCausalLM(cfg.model_config(vocab_size))
 
 
-def set_training_eviction(model: nn.Module, threshold: float | None) -> int:
+def set_training_eviction(model: nn.Module, threshold: float | None, straight_through: bool = False) -> int:
     """Eviction in the training loop: every FirstPassageAttention (ForgettingAttention) layer of
     ``model`` masks a key out once its penalty beta * dip (-sum log f) > ``threshold``, in every
-    forward without a cache (``set_training_eviction``); None turns it off. Returns the number of
-    layers set; ValueError if the model has none."""
+    forward without a cache (``set_training_eviction``); None turns it off. ``straight_through``:
+    the gradients of attention without the rule (fpa.layers.fpa_form.evicting_attention). Returns
+    the number of layers set; ValueError if the model has none."""
     layers = [m for m in model.modules() if isinstance(m, (FirstPassageAttention, ForgettingAttention))]
     if not layers:
         raise ValueError("eviction in the training loop needs a model with FPA or FoX attention layers")
     for m in layers:
-        m.set_training_eviction(threshold)
+        m.set_training_eviction(threshold, straight_through)
     return len(layers)
 
 

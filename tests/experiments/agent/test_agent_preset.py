@@ -41,6 +41,7 @@ SMOKE = PRESETS["smoke"]
         ("mix_task", "passkey"),  # not a session mixer
         ("threshold_start", 8.0),  # without ramp_steps
         ("ramp_steps", 2),  # without threshold_start
+        ("straight_through", 1),
     ],
 )
 def test_a_bad_field_is_named(field, value):
@@ -132,9 +133,11 @@ def test_the_ramp_reaches_the_fpa_arm_only():
     from fpa.experiments.agent.report import _ramp
     from fpa.experiments.agent.workers import train_config
 
-    p = dataclasses.replace(SMOKE, threshold_start=8.0, ramp_steps=2, evict_from_step=1)
+    p = dataclasses.replace(SMOKE, threshold_start=8.0, ramp_steps=2, evict_from_step=1, straight_through=True)
     fpa = train_config(p, FPA_ARM, 0, "/tmp/x", "/tmp/d", progress=False)
     assert (fpa.evict_threshold_start, fpa.evict_ramp_steps, fpa.evict_from_step) == (8.0, 2, 1)
+    assert fpa.evict_straight_through is True
     fox = train_config(p, FOX_ARM, 0, "/tmp/x", "/tmp/d", progress=False)
-    assert (fox.evict_threshold_start, fox.evict_ramp_steps) == (None, 0)
-    assert _ramp(p) == ", its threshold falling from 8 to 2 over 2 steps" and _ramp(SMOKE) == ""
+    assert (fox.evict_threshold_start, fox.evict_ramp_steps, fox.evict_straight_through) == (None, 0, False)
+    assert _ramp(p) == ", its threshold falling from 8 to 2 over 2 steps, with straight-through gradients"
+    assert _ramp(SMOKE) == ""

@@ -45,7 +45,9 @@ class AgentPreset:
     ``model_preset`` with ``model_overrides`` (FPA: ``fpa_options``; FoX: ``fox_overrides``). The
     FPA arm trains under its rule from step ``evict_from_step`` on (with ``threshold_start``, its
     threshold falls geometrically from that to ``threshold`` over ``ramp_steps`` steps, so that the
-    switch does not undo what was learned before it; before the switch, attention as usual:
+    switch does not undo what was learned before it; with ``straight_through``, its gradients are
+    attention's without the rule, so that a key the rule hid can be pulled back; before the
+    switch, attention as usual:
     trained under the rule from the first step, a model whose untrained walk hides the keys an
     answer needs gets no gradient to keep them); with ``live_reg`` > 0 it also pays, from the same
     step, that weight times its heads' soft kept fraction at the rule's threshold
@@ -79,6 +81,7 @@ class AgentPreset:
     evict_from_step: int = 0
     threshold_start: float | None = None
     ramp_steps: int = 0
+    straight_through: bool = False
     fox_threshold: float = 8.0
     live_reg: float = 0.0
     model_preset: str = "tiny"
@@ -125,6 +128,10 @@ class AgentPreset:
         if body < min_length(TRAIN_SPEC):
             need = min_length(TRAIN_SPEC) + _max_tail_bytes(TRAIN_SPEC) - 1
             raise ValueError(f"preset {self.name!r}: seq_len must be >= {need} for agent sessions, got {self.seq_len}")
+        if not isinstance(self.straight_through, bool):
+            raise ValueError(
+                f"preset {self.name!r}: straight_through must be True or False, got {self.straight_through!r}"
+            )
         if (self.threshold_start is None) != (self.ramp_steps == 0):
             raise ValueError(
                 f"preset {self.name!r}: threshold_start and ramp_steps go together, "
@@ -255,9 +262,11 @@ PRESETS = {
     # steps (what fits the hour) learned no copy on the tuning seeds; 1500 with the rule at threshold 4
     # came closest to the control (at threshold 2 the switch undid the copy). Without the key shift
     # and the two timescales, the content lookup open_arg needs came on some seeds only. The shift's
-    # gate starts open (bias 1), and the rule ramps in from threshold 16 at step 800 to 4 at step
-    # 1300: switched on at once (at step 1000), it undid a learned open_arg on 4 tuning seeds. The
-    # hour is missed
+    # gate starts open (bias 1). The rule ramps in from threshold 16 at step 1000 to 4 at step 1300,
+    # with straight-through gradients: trained under the rule alone, the lookup head's penalty on
+    # the open call's argument drifted past the threshold, where a hidden key sends no gradient to
+    # bring it back, and open_arg was lost after the switch (docs/design.md, "The switch undoes
+    # the lookup"). The hour is missed
     "cpu": AgentPreset(
         name="cpu",
         steps=1500,
@@ -271,9 +280,10 @@ PRESETS = {
         control_sessions=48,
         chunk_size=512,
         threshold=4.0,
-        evict_from_step=800,
+        evict_from_step=1000,
         threshold_start=16.0,
-        ramp_steps=500,
+        ramp_steps=300,
+        straight_through=True,
         mix_task="agent-sessions+copy",
         model_overrides={"num_hidden_layers": 2, "key_shift": True, "key_shift_bias_init": 1.0},
         fpa_options={

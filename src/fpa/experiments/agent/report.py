@@ -37,9 +37,12 @@ def _met(part: dict) -> str:
 
 def _ramp(p: AgentPreset) -> str:
     """How the FPA arm's rule switched on, for the report's first paragraph."""
-    if p.threshold_start is None:
-        return ""
-    return f", its threshold falling from {p.threshold_start:g} to {p.threshold:g} over {p.ramp_steps} steps"
+    ramp = (
+        ""
+        if p.threshold_start is None
+        else f", its threshold falling from {p.threshold_start:g} to {p.threshold:g} over {p.ramp_steps} steps"
+    )
+    return ramp + (", with straight-through gradients" if p.straight_through else "")
 
 
 def stages_line(p: AgentPreset, r: dict) -> str:

@@ -48,6 +48,7 @@ def train_config(p: AgentPreset, arm: str, seed: int, out_dir: str | Path, data_
         evict_from_step=p.evict_from_step if fpa else 0,
         evict_threshold_start=p.threshold_start if fpa else None,
         evict_ramp_steps=p.ramp_steps if fpa else 0,
+        evict_straight_through=p.straight_through if fpa else False,
         live_reg=p.live_reg if fpa else 0.0,
         live_reg_threshold=p.threshold if fpa and p.live_reg else TrainConfig.live_reg_threshold,
         live_reg_from_step=p.evict_from_step if fpa and p.live_reg else 0,
