@@ -186,7 +186,9 @@ class AgentPreset:
 # steepest growth of the time per token measured (between 8k and 16k tokens), so that 100k is over-
 # rather than under-estimated (879 us/token measured at 16k, 1164 predicted). Guessed, never
 # measured: an evaluation during training costs about one step (it runs the answer-loss probe's
-# 32 samples and one validation batch forward), train_overhead_s (per training run: start-up and
+# 32 samples and one validation batch forward), the extra attention forward of straight-through
+# eviction (its steps logged ~1.1x the plain steps' time in the straight-through control, not side
+# by side: ~3% of that run's training, not counted), train_overhead_s (per training run: start-up and
 # checkpoints) and stage_overhead_s (per control or decode stage: loading the model); the smoke
 # preset's whole run, ~13 s of process time, bounds the last two from above at small sizes.
 RATES = {
