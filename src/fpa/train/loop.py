@@ -261,9 +261,11 @@ def _run(cfg: TrainConfig, d: D.Dist, on_step) -> dict:
     model.train()
     for step in range(start, cfg.steps):
         t0 = time.perf_counter()
-        if cfg.evict_threshold is not None and (step == start or cfg.evict_threshold_at(step) != threshold):
-            threshold = cfg.evict_threshold_at(step)
-            set_training_eviction(model, threshold, cfg.evict_straight_through)
+        if cfg.evict_threshold is not None:
+            now = cfg.evict_threshold_at(step)
+            if step == start or now != threshold:
+                threshold = now
+                set_training_eviction(model, threshold, cfg.evict_straight_through)
         if reg is not None:
             reg.active = step >= cfg.live_reg_from_step
         rec = _train_step(model, opt, batches, step, cfg, d, micro, reg)
